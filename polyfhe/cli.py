@@ -1,0 +1,38 @@
+"""``polyfhe`` command line: one module per subcommand under ``polyfhe.commands``, each with ``add_parser``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from polyfhe import __version__
+
+# Registry of subcommands, in the order ``polyfhe --help`` lists them.
+COMMANDS: tuple[str, ...] = ("demo", "models")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="polyfhe",
+        description="Polynomial networks, proven add/mul-only, run on CKKS-encrypted images.",
+    )
+    parser.add_argument("--version", action="version", version=f"polyfhe {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"polyfhe.commands.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Dataset sources behind one registry: ``load_dataset("fashion-mnist")``, ``load_dataset("digits")``, ...
+
+Every loader returns an :class:`ImageDataset` with float32 images in ``[0, 1]`` shaped ``(N, C, H, W)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from polyfhe.data.idx import read_idx
+
+log = logging.getLogger(__name__)
+
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+
+
+@dataclass(frozen=True)
+class ImageDataset:
+    """A train/test split of images ``(N, C, H, W)`` in [0, 1] with integer labels."""
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    classes: tuple[str, ...]
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return tuple(self.x_train.shape[1:])  # type: ignore[return-value]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+def _find_idx(root: Path, stem: str) -> Path:
+    for candidate in (root / stem, root / f"{stem}.gz"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"missing {stem}[.gz] in {root}; Fashion-MNIST comes from Debian's package "
+        "'dataset-fashion-mnist' (apt-get install dataset-fashion-mnist) or pass a folder holding the IDX files"
+    )
+
+
+def load_idx_folder(root: str | Path, name: str = "idx", classes: tuple[str, ...] | None = None) -> ImageDataset:
+    """An (Fashion-)MNIST-style folder: train/t10k images and labels in IDX format."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"dataset folder {root} does not exist")
+    parts = {
+        key: read_idx(_find_idx(root, stem))
+        for key, stem in (
+            ("x_train", "train-images-idx3-ubyte"), ("y_train", "train-labels-idx1-ubyte"),
+            ("x_test", "t10k-images-idx3-ubyte"), ("y_test", "t10k-labels-idx1-ubyte"),
+        )
+    }
+    for split in ("train", "test"):
+        if len(parts[f"x_{split}"]) != len(parts[f"y_{split}"]):
+            raise ValueError(f"{root}: {split} images and labels differ in length")
+    n_classes = int(max(parts["y_train"].max(), parts["y_test"].max())) + 1
+    return ImageDataset(
+        name=name,
+        x_train=(parts["x_train"][:, None].astype(np.float32) / 255.0),
+        y_train=parts["y_train"].astype(np.int64),
+        x_test=(parts["x_test"][:, None].astype(np.float32) / 255.0),
+        y_test=parts["y_test"].astype(np.int64),
+        classes=classes or tuple(str(i) for i in range(n_classes)),
+    )
+
+
+def load_fashion_mnist(root: str | Path | None = None) -> ImageDataset:
+    return load_idx_folder(root or FASHION_MNIST_DIR, "fashion-mnist", FASHION_MNIST_CLASSES)
+
+
+def load_digits(test_fraction: float = 0.2, seed: int = 0) -> ImageDataset:
+    """scikit-learn's 8x8 digits (ships with scikit-learn), split deterministically."""
+    from sklearn.datasets import load_digits as sk_digits
+
+    bunch = sk_digits()
+    x = (bunch.images.astype(np.float32) / 16.0)[:, None]
+    y = bunch.target.astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_test = int(round(len(x) * test_fraction))
+    test, train = order[:n_test], order[n_test:]
+    return ImageDataset("digits", x[train], y[train], x[test], y[test], tuple(str(i) for i in range(10)))
+
+
+SOURCES: dict[str, Callable[..., ImageDataset]] = {
+    "fashion-mnist": load_fashion_mnist,
+    "digits": load_digits,
+}
+
+
+def available_sources() -> list[str]:
+    return sorted(SOURCES)
+
+
+def load_dataset(source: str, **kwargs) -> ImageDataset:
+    """Load a named source (see :func:`available_sources`)."""
+    try:
+        loader = SOURCES[source]
+    except KeyError:
+        raise ValueError(f"unknown dataset {source!r}; available: {', '.join(available_sources())}") from None
+    return loader(**kwargs)
+
+
+def load_default_dataset() -> ImageDataset:
+    """Fashion-MNIST when installed, else scikit-learn's digits (and say so)."""
+    try:
+        return load_fashion_mnist()
+    except FileNotFoundError as exc:
+        log.warning("Fashion-MNIST unavailable (%s); falling back to scikit-learn's digits", exc)
+        return load_digits()

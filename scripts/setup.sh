@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Idempotent setup for a fresh machine: .venv/ at the repository root, torch first (CPU wheel),
+# then polyfhe in editable mode with its development extras, then the Fashion-MNIST data when apt can install it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+TORCH_VERSION=2.13.0
+VENV=.venv
+STAMP=$VENV/.polyfhe-setup-stamp
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+
+# Re-install only when the dependency declaration changed since the last successful setup.
+want="torch==$TORCH_VERSION $(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
+  "$PY" -m pip install --quiet --upgrade pip
+  # torch must come first: anything that depends on torch would otherwise pull a CUDA build.
+  "$PY" -m pip install --quiet "torch==$TORCH_VERSION"
+  "$PY" -m pip install --quiet -e ".[dev,serve]"
+  echo "$want" > "$STAMP"
+  echo "[setup] installed polyfhe and its development extras into $VENV"
+else
+  echo "[setup] $VENV is up to date"
+fi
+
+FMNIST_DIR=/usr/share/datasets/fashion-mnist
+if [ -d "$FMNIST_DIR" ]; then
+  echo "[setup] Fashion-MNIST found"
+elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+  echo "[setup] installing Debian's dataset-fashion-mnist"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; }; then
+    echo "[setup] could not install dataset-fashion-mnist; jobs fall back to scikit-learn's digits"
+  fi
+else
+  echo "[setup] Fashion-MNIST is missing and apt-get is not usable here; jobs fall back to scikit-learn's digits"
+fi
