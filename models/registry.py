@@ -116,4 +116,6 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
     """Build a registered model; ``overrides`` (e.g. ``num_classes``, ``img_size``, ``in_chans``) replace defaults."""
     entry = model_entry(name)
     cfg = {**entry.default_cfg, **overrides}
-    return entry.builder(**cfg)
+    model = entry.builder(**cfg)
+    model.model_name = name  # lets later stages (fold, export) name the model in messages
+    return model

@@ -1,0 +1,126 @@
+"""Checked ONNX export: fold -> ``torch.onnx.export`` -> ``onnx.checker`` -> onnxruntime parity -> analyzer.
+
+An export that does not reproduce the torch model in onnxruntime, or whose graph is not add/mul-only on the
+input, raises instead of leaving a file that would fail later in the CKKS compiler.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from polyfhe.analysis import AnalysisReport, analyze
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OPSET = 17
+INPUT_NAME, OUTPUT_NAME = "input", "logits"
+
+
+class ExportError(RuntimeError):
+    """The exported graph failed a check (checker, onnxruntime parity, or the polynomial analysis)."""
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    """What an ONNX export produced and measured."""
+
+    path: Path
+    opset: int
+    input_shape: tuple[int, ...]
+    max_rel_error: float
+    analysis: AnalysisReport
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path), "opset": self.opset, "input_shape": list(self.input_shape),
+            "max_rel_error": self.max_rel_error, "analysis": self.analysis.to_dict(),
+        }
+
+
+def resolve_input_shape(model: nn.Module, input_shape: tuple[int, ...] | None) -> tuple[int, ...]:
+    shape = input_shape or getattr(model, "input_shape", None)
+    if shape is None:
+        raise ValueError(
+            f"cannot infer the input shape of {type(model).__name__}; pass input_shape=(C, H, W) "
+            "(without the batch axis)"
+        )
+    return tuple(int(s) for s in shape)
+
+
+def _onnxruntime_outputs(path: Path, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {INPUT_NAME: x})[0]
+
+
+def export_onnx(
+    model: nn.Module,
+    path: str | Path,
+    input_shape: tuple[int, ...] | None = None,
+    *,
+    opset: int = DEFAULT_OPSET,
+    fold_first: bool = True,
+    rtol: float = 1e-5,
+    require_polynomial: bool = True,
+    parity_batch: int = 4,
+) -> OnnxExport:
+    """Fold (unless ``fold_first=False``), export, check and analyse ``model``; returns an :class:`OnnxExport`."""
+    from polyfhe.fold import fold
+
+    shape = resolve_input_shape(model, input_shape)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    reference = model.eval()
+    folded = fold(model, input_shape=shape) if fold_first else model.eval()
+    folded = folded.float()
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand((parity_batch, *shape), generator=generator)
+    with torch.no_grad():
+        expected = reference.float()(x).numpy()
+    torch.onnx.export(
+        folded, (x,), str(path), dynamo=False, opset_version=opset, input_names=[INPUT_NAME],
+        output_names=[OUTPUT_NAME], dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+    )
+    proto = onnx.load(str(path))
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        raise ExportError(f"onnx.checker rejected {path}: {exc}") from exc
+    got = _onnxruntime_outputs(path, x.numpy())
+    scale = max(float(np.abs(expected).max()), 1e-30)
+    rel = float(np.abs(got - expected).max() / scale)
+    if not rel <= rtol:
+        raise ExportError(f"onnxruntime disagrees with torch: max relative error {rel:.3e} > {rtol:.1e}")
+    report = analyze(proto)
+    if require_polynomial and not report.polynomial:
+        offenders = ", ".join(f"{v.node} ({v.op})" for v in report.violations[:10])
+        raise ExportError(f"exported graph is not polynomial on its input: {offenders}")
+    log.info("exported %s to %s (opset %d, rel err %.2e, degree %s, levels %s)",
+             type(model).__name__, path, opset, rel, report.degree, report.levels)
+    return OnnxExport(path, opset, shape, rel, report)
+
+
+def export_zoo_model_for_check(name: str, img_size: int | None = None, out_dir: str | Path | None = None) -> Path:
+    """Build zoo model ``name`` (randomly initialised), fold and export it, and return the .onnx path.
+
+    Used by ``polyfhe check MODEL_NAME``. LayerNorm variants cannot be folded; they are exported unfolded so
+    the analyzer can name their non-polynomial nodes.
+    """
+    from polyfhe.models.registry import create_model, model_entry
+
+    entry = model_entry(name)
+    model = create_model(name, **({"img_size": img_size} if img_size else {})).eval()
+    directory = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="polyfhe-check-"))
+    path = directory / f"{name}.onnx"
+    export_onnx(model, path, fold_first=entry.norm == "bn", require_polynomial=False)
+    return path
