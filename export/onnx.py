@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,13 @@ def export_onnx(
     rtol: float = 1e-5,
     require_polynomial: bool = True,
     parity_batch: int = 4,
+    allow_nonfinite: bool = False,
 ) -> OnnxExport:
-    """Fold (unless ``fold_first=False``), export, check and analyse ``model``; returns an :class:`OnnxExport`."""
+    """Fold (unless ``fold_first=False``), export, check and analyse ``model``; returns an :class:`OnnxExport`.
+
+    ``allow_nonfinite`` is for structural checks of randomly initialised deep models, whose outputs overflow
+    (degree 2^68 and more): parity is then skipped with a warning and ``max_rel_error`` is NaN.
+    """
     from polyfhe.fold import fold
 
     shape = resolve_input_shape(model, input_shape)
@@ -87,19 +93,29 @@ def export_onnx(
     x = torch.rand((parity_batch, *shape), generator=generator)
     with torch.no_grad():
         expected = reference.float()(x).numpy()
-    torch.onnx.export(
-        folded, (x,), str(path), dynamo=False, opset_version=opset, input_names=[INPUT_NAME],
-        output_names=[OUTPUT_NAME], dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-    )
+    with warnings.catch_warnings():
+        # The TorchScript exporter is deprecated in favour of dynamo (which needs onnxscript); it is still the
+        # one that emits plain, small opset-17 graphs of exactly the ops we use.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(
+            folded, (x,), str(path), dynamo=False, opset_version=opset, input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME], dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+        )
     proto = onnx.load(str(path))
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as exc:
         raise ExportError(f"onnx.checker rejected {path}: {exc}") from exc
     got = _onnxruntime_outputs(path, x.numpy())
-    scale = max(float(np.abs(expected).max()), 1e-30)
-    rel = float(np.abs(got - expected).max() / scale)
-    if not rel <= rtol:
+    if not np.isfinite(expected).all():
+        if not allow_nonfinite:
+            raise ExportError("the torch model's output is not finite on uniform [0, 1) inputs; cannot check parity")
+        log.warning("%s: output overflows on random inputs (untrained deep model?); parity not checked", path.name)
+        rel = float("nan")
+    else:
+        scale = max(float(np.abs(expected).max()), 1e-30)
+        rel = float(np.abs(got - expected).max() / scale)
+    if np.isfinite(expected).all() and not rel <= rtol:
         raise ExportError(f"onnxruntime disagrees with torch: max relative error {rel:.3e} > {rtol:.1e}")
     report = analyze(proto)
     if require_polynomial and not report.polynomial:
@@ -122,5 +138,5 @@ def export_zoo_model_for_check(name: str, img_size: int | None = None, out_dir: 
     model = create_model(name, **({"img_size": img_size} if img_size else {})).eval()
     directory = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="polyfhe-check-"))
     path = directory / f"{name}.onnx"
-    export_onnx(model, path, fold_first=entry.norm == "bn", require_polynomial=False)
+    export_onnx(model, path, fold_first=entry.norm == "bn", require_polynomial=False, allow_nonfinite=True)
     return path
