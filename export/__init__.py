@@ -6,8 +6,9 @@ Inside the code base import exporter modules directly (``from polyfhe.export.onn
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from torch import nn
 

@@ -101,7 +101,7 @@ class MONet(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens after the last stage, channels-first ``(B, C, h, w)``."""
-        if x.shape[1:] != self.input_shape:
+        if not torch.jit.is_tracing() and tuple(x.shape[1:]) != self.input_shape:
             raise ValueError(f"{type(self).__name__} expects input (B, {self.input_shape}), got {tuple(x.shape)}")
         x = self.patch_embed(x)
         for i, stage in enumerate(self.stages):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from torch import nn
 
@@ -87,7 +88,7 @@ def register_model(
 
 
 # Model-family modules; importing one runs its @register_model decorators.
-FAMILY_MODULES: tuple[str, ...] = ("polyfhe.models.monet",)
+FAMILY_MODULES: tuple[str, ...] = ("polyfhe.models.monet", "polyfhe.models.polynext")
 
 
 def _ensure_loaded() -> None:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 
-from polyfhe.models.registry import create_model, list_models, model_entry  # noqa: I001
 from polyfhe.analysis import AnalysisReport, analyze
-from polyfhe.fold import FoldError, fold
 from polyfhe.export import export  # the function deliberately shadows the subpackage (see ARCHITECTURE.md)
+from polyfhe.fold import FoldError, fold
+from polyfhe.models.registry import create_model, list_models, model_entry
 
 __version__ = "0.1.0"
 

@@ -6,12 +6,14 @@ allocates no weights and takes about a second per model.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import tempfile
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
+from tqdm import tqdm
 
 from polyfhe.models.registry import create_model, list_models, model_entry
 
@@ -38,7 +40,7 @@ class ZooRow:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ZooRow":
+    def from_dict(cls, data: dict[str, Any]) -> ZooRow:
         return cls(**{**data, "input_shape": tuple(data["input_shape"])})
 
 
@@ -74,6 +76,32 @@ def zoo_row(name: str, with_macs: bool = True, **overrides: Any) -> ZooRow:
     )
 
 
-def zoo_rows(pattern: str = "*", with_macs: bool = True) -> list[ZooRow]:
-    """Rows for every registered model matching ``pattern``."""
-    return [zoo_row(name, with_macs) for name in list_models(pattern)]
+# Smallest convenient resolution per model family for structural analysis: degree, ct x ct depth and levels
+# depend on the graph's operators, not on its spatial size.
+_ANALYSIS_IMG_SIZE = {"monet_t_single": 28, "cpolynext_lr": 16}
+
+
+def analysis_img_size(name: str) -> int:
+    base = name.removesuffix("_bn")
+    return _ANALYSIS_IMG_SIZE.get(base, min(32, int(model_entry(name).default_cfg["img_size"])))
+
+
+def with_analysis(row: ZooRow) -> ZooRow:
+    """Fill degree, ct x ct depth and levels from the analyzer (BN variants; LN variants are not polynomial)."""
+    from polyfhe.analysis import analyze
+    from polyfhe.export.onnx import export_zoo_model_for_check
+
+    if row.norm != "bn":
+        return row
+    with tempfile.TemporaryDirectory(prefix="polyfhe-zoo-") as tmp:
+        report = analyze(export_zoo_model_for_check(row.name, analysis_img_size(row.name), tmp))
+    return replace(row, degree=report.degree, mult_depth=report.mult_depth, levels=report.levels)
+
+
+def zoo_rows(pattern: str = "*", with_macs: bool = True, with_analyzer: bool = False) -> list[ZooRow]:
+    """Rows for every registered model matching ``pattern``, optionally with the analyzer's numbers."""
+    names = list_models(pattern)
+    rows = [zoo_row(name, with_macs) for name in names]
+    if with_analyzer:
+        rows = [with_analysis(r) for r in tqdm(rows, desc="analyzing zoo", unit="model", leave=False)]
+    return rows

@@ -6,7 +6,7 @@ per-channel BatchNorm over every leading axis (spec 1.8), which becomes a consta
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -19,7 +19,7 @@ class TokenBatchNorm(nn.BatchNorm1d):
     channels-first view, with the usual running mean/var EMA (momentum 0.1, eps 1e-5).
     """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() < 2 or x.shape[-1] != self.num_features:
             raise ValueError(
                 f"TokenBatchNorm({self.num_features}) expects (..., {self.num_features}), got {tuple(x.shape)}"

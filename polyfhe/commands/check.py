@@ -44,6 +44,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--max-degree", type=_non_negative, metavar="D", help="fail when the degree exceeds D")
     parser.add_argument("--max-depth", type=_non_negative, metavar="L", help="fail when the ct x ct depth exceeds L")
     parser.add_argument("--max-levels", type=_non_negative, metavar="L", help="fail when CKKS levels exceed L")
+    parser.add_argument("--img-size", type=int, metavar="S",
+                        help="for zoo-name targets: build the model at this resolution (default: its own)")
     parser.set_defaults(func=run)
 
 
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     as_json = bool(getattr(args, "json", False))
     target = str(args.target)
     try:
-        report = analyze(_resolve(target))
+        report = analyze(_resolve(target, getattr(args, "img_size", None)))
     except (ModelLoadError, _TargetError) as exc:
         return _fail(target, str(exc), as_json)
     limits = {
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if not failures else EXIT_NOT_POLYNOMIAL
 
 
-def _resolve(target: str) -> Any:
+def _resolve(target: str, img_size: int | None = None) -> Any:
     """An existing file is analyzed as is; a bare name is exported from the model zoo first."""
     path = Path(target)
     if path.is_file() or not _looks_like_zoo_name(target):
@@ -80,7 +82,7 @@ def _resolve(target: str) -> Any:
     except ImportError as exc:
         raise _TargetError(f"{target!r} is not a file; zoo-name targets need the ONNX exporter ({exc})") from exc
     try:
-        return export_zoo_model_for_check(target)
+        return export_zoo_model_for_check(target, img_size=img_size)
     except Exception as exc:  # unknown name, export failure: the input cannot be produced
         raise _TargetError(f"cannot export zoo model {target!r}: {type(exc).__name__}: {exc}") from exc
 

@@ -45,5 +45,5 @@ def run(args: argparse.Namespace) -> int:
                   f"forward of {len(x)} images -> logits {tuple(logits.shape)} in {elapsed * 1e3:.1f} ms "
                   "(untrained: training lands with the training issue)")
     if not args.skip_zoo:
-        console.print(render_table(zoo_rows()))
+        console.print(render_table(zoo_rows(with_analyzer=True)))
     return 0

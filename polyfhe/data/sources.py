@@ -6,9 +6,9 @@ Every loader returns an :class:`ImageDataset` with float32 images in ``[0, 1]`` 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -90,7 +90,7 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> ImageDataset:
     x = (bunch.images.astype(np.float32) / 16.0)[:, None]
     y = bunch.target.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(x))
-    n_test = int(round(len(x) * test_fraction))
+    n_test = round(len(x) * test_fraction)
     test, train = order[:n_test], order[n_test:]
     return ImageDataset("digits", x[train], y[train], x[test], y[test], tuple(str(i) for i in range(10)))
 

@@ -1,6 +1,7 @@
 """Fold normalisations and constant scales into affine maps (``polyfhe.fold(model)``)."""
 
 from polyfhe.fold import monet as _monet  # noqa: F401  (registers the MONet rules)
+from polyfhe.fold import polynext as _polynext  # noqa: F401  (registers the PolyNeXt rules)
 from polyfhe.fold.driver import fold, folded_summary
 from polyfhe.fold.rules import FoldError, register_fold_rule
 

@@ -6,8 +6,8 @@ A rule maps one module to its folded replacement: ``rule(module, ctx) -> nn.Modu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ class FoldContext:
     input_shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
     path: str = ""
 
-    def at(self, path: str) -> "FoldContext":
+    def at(self, path: str) -> FoldContext:
         return replace(self, path=path)
 
     def input_shape(self, module: nn.Module) -> tuple[int, ...] | None:

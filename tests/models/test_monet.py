@@ -10,7 +10,7 @@ from polyfhe.models import create_model
 from polyfhe.models.layers.mu_layer import MuLayer, PolyBlock
 from polyfhe.models.layers.shift import spatial_shift
 from polyfhe.models.layers.token_norms import TokenBatchNorm
-from polyfhe.models.monet import MONetConfig, build_monet
+from polyfhe.models.monet import MONetConfig
 from polyfhe.zoo import count_parameters
 
 
