@@ -23,6 +23,7 @@ from polyfhe.analysis import AnalysisReport, analyze
 log = logging.getLogger(__name__)
 
 DEFAULT_OPSET = 17
+STRUCTURAL_CHECK_RTOL = 1e-3
 INPUT_NAME, OUTPUT_NAME = "input", "logits"
 
 
@@ -130,7 +131,9 @@ def export_zoo_model_for_check(name: str, img_size: int | None = None, out_dir: 
     """Build zoo model ``name`` (randomly initialised), fold and export it, and return the .onnx path.
 
     Used by ``polyfhe check MODEL_NAME``. LayerNorm variants cannot be folded; they are exported unfolded so
-    the analyzer can name their non-polynomial nodes.
+    the analyzer can name their non-polynomial nodes. The check is structural, so onnxruntime parity is held
+    to 1e-3 here: random deep float32 nets (LN ones especially) amplify rounding past the strict 1e-5 that
+    :func:`export_onnx` applies to user exports.
     """
     from polyfhe.models.registry import create_model, model_entry
 
@@ -138,5 +141,6 @@ def export_zoo_model_for_check(name: str, img_size: int | None = None, out_dir: 
     model = create_model(name, **({"img_size": img_size} if img_size else {})).eval()
     directory = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="polyfhe-check-"))
     path = directory / f"{name}.onnx"
-    export_onnx(model, path, fold_first=entry.norm == "bn", require_polynomial=False, allow_nonfinite=True)
+    export_onnx(model, path, fold_first=entry.norm == "bn", require_polynomial=False, allow_nonfinite=True,
+                rtol=STRUCTURAL_CHECK_RTOL)
     return path

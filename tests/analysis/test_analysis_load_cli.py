@@ -161,7 +161,7 @@ def test_cli_zoo_name_with_exporter(monkeypatch: pytest.MonkeyPatch, capsys) -> 
     fake = types.ModuleType("polyfhe.export.onnx")
     calls: list[str] = []
 
-    def export_zoo_model_for_check(name: str) -> onnx.ModelProto:
+    def export_zoo_model_for_check(name: str, img_size: int | None = None) -> onnx.ModelProto:
         calls.append(name)
         if name != "tiny_poly":
             raise KeyError(name)
