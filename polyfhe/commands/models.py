@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from rich.console import Console
 from rich.table import Table
@@ -29,9 +30,11 @@ def _fmt(value: int | None, scale: float = 1.0, digits: int = 0) -> str:
 
 def _fmt_degree(degree: int | None) -> str:
     """Huge degrees read better as powers of two (a 34-block MONet has degree 2^68)."""
-    if degree is not None and degree > 1 << 20 and degree & (degree - 1) == 0:
+    if degree is None or degree <= 1 << 20:
+        return _fmt(degree)
+    if degree & (degree - 1) == 0:
         return f"2^{degree.bit_length() - 1}"
-    return _fmt(degree)
+    return f"~2^{math.log2(degree):.1f}"
 
 
 def render_table(rows: list[ZooRow]) -> Table:
