@@ -318,6 +318,21 @@ def stage_resolutions(arch: PolyNeXtArch, img_size: Resolution, strict: bool) ->
     return tuple(out)  # type: ignore[return-value]
 
 
+def two_stream_features(net: nn.Module, x: Tensor) -> Tensor:
+    """The DARTS-style wiring shared by the training and folded models (spec 2.1).
+
+    ``net`` provides ``stem``, ``reductions`` (two per downsample, one per stream), ``downsample_cells`` and
+    ``cells``; each cell maps (s0, s1) to the next s1.
+    """
+    s0 = s1 = net.stem(x)
+    reduction = iter(net.reductions)
+    for i, cell in enumerate(net.cells):
+        if i in net.downsample_cells:
+            s0, s1 = next(reduction)(s0), next(reduction)(s1)
+        s0, s1 = s1, cell(s0, s1)
+    return s1
+
+
 class PolyNeXt(nn.Module):
     """Stem -> two-stream cells with per-stream reductions -> PolyHead on the last s1 (spec 2.1)."""
 
@@ -358,13 +373,7 @@ class PolyNeXt(nn.Module):
         init_weights(self)
 
     def forward_features(self, x: Tensor) -> Tensor:
-        s0 = s1 = self.stem(x)
-        reduction = iter(self.reductions)
-        for i, cell in enumerate(self.cells):
-            if i in self.downsample_cells:
-                s0, s1 = next(reduction)(s0), next(reduction)(s1)
-            s0, s1 = s1, cell(s0, s1)
-        return s1
+        return two_stream_features(self, x)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.forward_features(x))

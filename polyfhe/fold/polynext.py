@@ -24,7 +24,7 @@ from polyfhe.models.layers.norms import ChannelBatchNorm, RunningRowSumNorm
 from polyfhe.models.layers.poly_attn import PolyAttn, PolyAttnMixer
 from polyfhe.models.layers.poly_conv import PolyConv
 from polyfhe.models.layers.poly_mlp import PolyMLP
-from polyfhe.models.polynext import PolyHead, PolyNeXt, PolyNeXtCell
+from polyfhe.models.polynext import PolyHead, PolyNeXt, PolyNeXtCell, two_stream_features
 
 
 # --- pure weight math -----------------------------------------------------------------------------------------
@@ -159,13 +159,7 @@ class FoldedPolyNeXt(nn.Module):
         self.cells, self.head = cells, head
 
     def forward(self, x: Tensor) -> Tensor:
-        s0 = s1 = self.stem(x)
-        reduction = iter(self.reductions)
-        for i, cell in enumerate(self.cells):
-            if i in self.downsample_cells:
-                s0, s1 = next(reduction)(s0), next(reduction)(s1)
-            s0, s1 = s1, cell(s0, s1)
-        return self.head(s1)
+        return self.head(two_stream_features(self, x))
 
 
 # --- rules ----------------------------------------------------------------------------------------------------
