@@ -15,6 +15,7 @@ from torch import nn
 
 from polyfhe.fold import weight_math as wm
 from polyfhe.fold.primitives import ConstantAffine, conv_from, linear_from
+from polyfhe.models.layers.affine import Affine
 
 
 class FoldError(ValueError):
@@ -81,7 +82,9 @@ BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
 
 
 def bn_scale_shift(bn: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale, shift) of an inference-mode BatchNorm with running statistics."""
+    """(scale, shift) of an inference-mode BatchNorm with running statistics, or of a ResMLP Affine."""
+    if isinstance(bn, Affine):
+        return bn.alpha.detach().double(), bn.beta.detach().double()
     if bn.running_mean is None or bn.running_var is None:
         raise FoldError(f"{type(bn).__name__} has no running statistics (track_running_stats=False); calibrate it")
     return wm.batchnorm_affine(bn.running_mean, bn.running_var, bn.weight, bn.bias, bn.eps)
@@ -99,6 +102,11 @@ def fold_lone_batchnorm(bn: nn.Module, ctx: FoldContext) -> nn.Module:
     shape = ctx.input_shape(bn)
     trailing = (len(shape) - 2) if shape is not None else (2 if isinstance(bn, nn.BatchNorm2d) else 0)
     return affine_module(scale, shift, trailing, bn.running_mean)
+
+
+@register_fold_rule(Affine)
+def fold_lone_affine(affine: Affine, _: FoldContext) -> ConstantAffine:
+    return ConstantAffine(affine.alpha.detach().clone(), affine.beta.detach().clone())
 
 
 @register_fold_rule(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.AlphaDropout, nn.Identity)
@@ -138,15 +146,21 @@ LINEAR_LAYERS = (nn.Linear, nn.Conv2d)
 
 
 def fold_sequential(seq: nn.Sequential, ctx: FoldContext) -> nn.Sequential:
-    """Fuse (Linear/Conv, BN) and (BN, Linear/Conv) neighbours; other children are left for the driver."""
+    """Fuse (Linear/Conv, BN) and (BN, Linear/Conv) neighbours, and ResMLP Affines next to a Linear (both act
+    on the last axis); other children are left for the driver."""
     children = list(seq.children())
     out: list[nn.Module] = []
     i = 0
     while i < len(children):
         cur = children[i]
         nxt = children[i + 1] if i + 1 < len(children) else None
-        if isinstance(cur, LINEAR_LAYERS) and isinstance(nxt, BATCH_NORMS):
+        if (isinstance(cur, LINEAR_LAYERS) and isinstance(nxt, BATCH_NORMS)) or (
+            isinstance(cur, nn.Linear) and isinstance(nxt, Affine)
+        ):
             out.append(_fold_bn_into_prev(cur, nxt))
+            i += 2
+        elif isinstance(cur, Affine) and isinstance(nxt, nn.Linear):
+            out.append(_fold_bn_into_next(cur, nxt, ctx))
             i += 2
         elif isinstance(cur, BATCH_NORMS) and isinstance(nxt, LINEAR_LAYERS) and (
             fused := _fold_bn_into_next(cur, nxt, ctx.at(f"{ctx.path}.{i}"))

@@ -155,3 +155,21 @@ def test_batchnorm_before_zero_padded_conv_keeps_the_border_exact() -> None:
         w = conv.weight * scale.reshape(1, -1, 1, 1)
         b = conv.bias + (conv.weight * shift.reshape(1, -1, 1, 1)).sum(dim=(1, 2, 3))
         assert _rel_error(model(x), nn.functional.conv2d(x, w, b, padding=1)) > 1e-3
+
+
+def test_resmlp_affine_folds_into_neighbouring_linears_and_alone() -> None:
+    from polyfhe.models.layers.affine import Affine
+
+    model = nn.Sequential(Affine(6), nn.Linear(6, 5), Affine(5), Square(), Affine(5), nn.Linear(5, 3),
+                          Affine(3)).double()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, Affine):
+                m.alpha.uniform_(0.5, 1.5)
+                m.beta.uniform_(-1, 1)
+    folded = fold(model, input_shape=(6,))
+    x = torch.randn(4, 6, dtype=torch.float64)
+    with torch.no_grad():
+        assert _rel_error(model(x), folded(x)) <= 1e-12
+    assert not any(isinstance(m, Affine) for m in folded.modules())
+    assert sum(isinstance(m, nn.Linear) for m in folded.modules()) == 2
