@@ -8,7 +8,7 @@ JSON-serialisable values, so a report can be stored next to a compiled program a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 __all__ = ["AnalysisReport", "NodeInfo", "OpCounts", "OutputInfo", "Violation"]
@@ -30,8 +30,23 @@ class Violation:
         return cls(node=str(data["node"]), op=str(data["op"]), reason=str(data.get("reason", "")))
 
 
+class _ScalarRecord:
+    """``to_dict``/``from_dict`` for frozen dataclasses whose fields are JSON scalars (see ``_FIELD_TYPES``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Any:
+        values = {}
+        for f in fields(cls):  # type: ignore[arg-type]
+            convert = _FIELD_TYPES[f.name]
+            values[f.name] = convert(data.get(f.name)) if convert is _opt_int else convert(data[f.name])
+        return cls(**values)
+
+
 @dataclass(frozen=True)
-class NodeInfo:
+class NodeInfo(_ScalarRecord):
     """Per-node result. ``degree``/``mult_depth``/``level`` are None downstream of a violation."""
 
     name: str
@@ -41,30 +56,9 @@ class NodeInfo:
     mult_depth: int | None
     level: int | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "op": self.op,
-            "encrypted": self.encrypted,
-            "degree": self.degree,
-            "mult_depth": self.mult_depth,
-            "level": self.level,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> NodeInfo:
-        return cls(
-            name=str(data["name"]),
-            op=str(data["op"]),
-            encrypted=bool(data["encrypted"]),
-            degree=_opt_int(data.get("degree")),
-            mult_depth=_opt_int(data.get("mult_depth")),
-            level=_opt_int(data.get("level")),
-        )
-
 
 @dataclass(frozen=True)
-class OutputInfo:
+class OutputInfo(_ScalarRecord):
     """Degree, ct x ct depth and CKKS level of one graph output."""
 
     name: str
@@ -72,25 +66,6 @@ class OutputInfo:
     degree: int | None
     mult_depth: int | None
     level: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "encrypted": self.encrypted,
-            "degree": self.degree,
-            "mult_depth": self.mult_depth,
-            "level": self.level,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> OutputInfo:
-        return cls(
-            name=str(data["name"]),
-            encrypted=bool(data["encrypted"]),
-            degree=_opt_int(data.get("degree")),
-            mult_depth=_opt_int(data.get("mult_depth")),
-            level=_opt_int(data.get("level")),
-        )
 
 
 @dataclass(frozen=True)
@@ -210,3 +185,9 @@ class AnalysisReport:
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+# Field name -> converter used by ``_ScalarRecord.from_dict``; ``_opt_int`` fields may be missing or null.
+_FIELD_TYPES: dict[str, Any] = {
+    "name": str, "op": str, "encrypted": bool, "degree": _opt_int, "mult_depth": _opt_int, "level": _opt_int,
+}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from polyfhe.fold.primitives import ConstantAffine, SpatialSum
+from polyfhe.fold.primitives import ConstantAffine, SpatialSum, conv_from
 from polyfhe.fold.rules import FoldContext, FoldError, register_fold_rule
 from polyfhe.models.layers.norms import ChannelBatchNorm, RunningRowSumNorm
 from polyfhe.models.layers.poly_attn import PolyAttn, PolyAttnMixer
@@ -41,17 +41,10 @@ def channel_bn_affine(norm: ChannelBatchNorm) -> tuple[Tensor, Tensor]:
 
 def scaled_conv(conv: nn.Conv2d, out_scale: Tensor | float = 1.0, bias: Tensor | None = None,
                 weight: Tensor | None = None) -> nn.Conv2d:
-    """A copy of ``conv`` with output channels scaled (and an optional bias)."""
-    w = (conv.weight.double() if weight is None else weight.double())
+    """A copy of ``conv`` (or of its geometry with ``weight``) with output channels scaled, optional bias."""
+    w = conv.weight.double() if weight is None else weight.double()
     scale = torch.as_tensor(out_scale, dtype=torch.float64)
-    w = w * (scale.view(-1, 1, 1, 1) if scale.dim() else scale)
-    new = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
-                    conv.dilation, conv.groups, bias=bias is not None, dtype=conv.weight.dtype)
-    with torch.no_grad():
-        new.weight.copy_(w)
-        if bias is not None:
-            new.bias.copy_(bias)
-    return new
+    return conv_from(w * (scale.view(-1, 1, 1, 1) if scale.dim() else scale), bias, like=conv)
 
 
 def _affine(scale: Tensor | None, shift: Tensor | None, like: Tensor) -> ConstantAffine:

@@ -50,14 +50,15 @@ def linear_from(weight: torch.Tensor, bias: torch.Tensor, like: nn.Linear | None
     return layer
 
 
-def conv_from(weight: torch.Tensor, bias: torch.Tensor, like: nn.Conv2d) -> nn.Conv2d:
+def conv_from(weight: torch.Tensor, bias: torch.Tensor | None, like: nn.Conv2d) -> nn.Conv2d:
     """A Conv2d with ``like``'s geometry (stride, padding, dilation, groups) and the given weights."""
     conv = nn.Conv2d(
         like.in_channels, weight.shape[0], tuple(weight.shape[2:]), stride=like.stride, padding=like.padding,
-        dilation=like.dilation, groups=like.groups, bias=True, padding_mode=like.padding_mode,
+        dilation=like.dilation, groups=like.groups, bias=bias is not None, padding_mode=like.padding_mode,
         dtype=like.weight.dtype,
     )
     with torch.no_grad():
         conv.weight.copy_(weight)
-        conv.bias.copy_(bias)
+        if bias is not None:
+            conv.bias.copy_(bias)
     return conv
