@@ -6,6 +6,7 @@ input, raises instead of leaving a file that would fail later in the CKKS compil
 
 from __future__ import annotations
 
+import copy
 import logging
 import tempfile
 import warnings
@@ -87,13 +88,13 @@ def export_onnx(
     shape = resolve_input_shape(model, input_shape)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    reference = model.eval()
-    folded = fold(model, input_shape=shape) if fold_first else model.eval()
-    folded = folded.float()
+    # Work on copies: .eval() and .float() act in place, and the caller's model must come back unchanged.
+    reference = copy.deepcopy(model).eval().float()
+    folded = (fold(model, input_shape=shape) if fold_first else copy.deepcopy(model)).eval().float()
     generator = torch.Generator().manual_seed(0)
     x = torch.rand((parity_batch, *shape), generator=generator)
     with torch.no_grad():
-        expected = reference.float()(x).numpy()
+        expected = reference(x).numpy()
     with warnings.catch_warnings():
         # The TorchScript exporter is deprecated in favour of dynamo (which needs onnxscript); it is still the
         # one that emits plain, small opset-17 graphs of exactly the ops we use.

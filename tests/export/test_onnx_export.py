@@ -34,12 +34,18 @@ def test_export_monet_bn_is_checked_and_polynomial(tmp_path: Path) -> None:
     assert result.max_rel_error <= 1e-5
 
 
-def test_export_does_not_mutate_the_model(tmp_path: Path) -> None:
-    model = _trained_like("monet_lr_bn")
+@pytest.mark.parametrize("fold_first", [True, False])
+def test_export_does_not_mutate_the_model(tmp_path: Path, fold_first: bool) -> None:
+    model = _trained_like("monet_lr_bn").double()
     model.train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    polyfhe.export(model, target="onnx", path=tmp_path / "m.onnx")
+    if fold_first:
+        polyfhe.export(model, target="onnx", path=tmp_path / "m.onnx")
+    else:
+        export_onnx(polyfhe.fold(model), tmp_path / "m.onnx", fold_first=False)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert model.training, "export switched the caller's model to eval mode"
+    assert next(model.parameters()).dtype == torch.float64, "export cast the caller's model to float32"
 
 
 def test_non_polynomial_model_is_refused_naming_the_node(tmp_path: Path) -> None:
