@@ -2,7 +2,7 @@
 
 from polyfhe.fold import monet as _monet  # noqa: F401  (registers the MONet rules)
 from polyfhe.fold import polynext as _polynext  # noqa: F401  (registers the PolyNeXt rules)
-from polyfhe.fold.driver import fold, folded_summary
+from polyfhe.fold.driver import fold
 from polyfhe.fold.rules import FoldError, register_fold_rule
 
-__all__ = ["FoldError", "fold", "folded_summary", "register_fold_rule"]
+__all__ = ["FoldError", "fold", "register_fold_rule"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any
 
 import torch
 from torch import nn
@@ -76,12 +75,4 @@ def fold(model: nn.Module, input_shape: tuple[int, ...] | None = None) -> nn.Mod
     return folded
 
 
-def folded_summary(model: nn.Module) -> dict[str, Any]:
-    """Counts of module types in a folded model (for logs and tests)."""
-    counts: dict[str, int] = {}
-    for m in model.modules():
-        counts[type(m).__name__] = counts.get(type(m).__name__, 0) + 1
-    return counts
-
-
-__all__ = ["FoldError", "fold", "folded_summary"]
+__all__ = ["FoldError", "fold"]

@@ -67,15 +67,6 @@ def fold_affine_before(
     return w, b + (weight.double() * t).sum(dim=spatial)
 
 
-def compose_linear(
-    w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``W2 (W1 x + b1) + b2`` as one dense map."""
-    b1d = b1.double() if b1 is not None else torch.zeros(w1.shape[0], dtype=torch.float64)
-    b2d = b2.double() if b2 is not None else torch.zeros(w2.shape[0], dtype=torch.float64)
-    return w2.double() @ w1.double(), w2.double() @ b1d + b2d
-
-
 def compose_patch_convs(
     w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
