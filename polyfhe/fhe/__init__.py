@@ -1,0 +1,1 @@
+"""CKKS runtime: parameters, keys, client/server split and the program executor (numpy + TenSEAL only)."""
