@@ -1,0 +1,136 @@
+"""CKKS exporter: nn.Module or polynomial ONNX -> :class:`~polyfhe.fhe.program.CKKSProgram`.
+
+Pipeline: fold + ONNX export (modules only) -> analyzer (refuses non-polynomial graphs, naming the nodes) ->
+lowering to a :class:`Circuit` of merged affine maps and products -> calibrated value ranges -> parameters
+(smallest secure ring and largest scale that fit the levels) -> per-layout plan -> program (manifest + arrays).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from polyfhe.export.ckks.affine import LoweringError
+from polyfhe.export.ckks.circuit import Circuit
+from polyfhe.export.ckks.lower import lower_onnx
+from polyfhe.export.ckks.plan import plan_batch, plan_single
+from polyfhe.fhe.params import CKKSParams, ParameterError, choose_params, validate
+from polyfhe.fhe.program import LAYOUTS, CKKSProgram, ProgramManifest
+
+__all__ = ["CKKSExportError", "LoweringError", "export_ckks", "to_onnx_model"]
+
+log = logging.getLogger(__name__)
+
+BATCH_MEMORY_BUDGET = 8 << 30  # bytes of live ciphertexts the batch layout may plan for
+
+
+class CKKSExportError(ValueError):
+    """The model cannot become a CKKS program (not polynomial, unsupported op, no parameters fit)."""
+
+
+def to_onnx_model(model: Any, input_shape: tuple[int, ...] | None = None) -> tuple[onnx.ModelProto, str]:
+    """An ONNX ModelProto for a module (folded and exported), a path, bytes or a ModelProto; plus a name."""
+    from torch import nn
+
+    from polyfhe.analysis.loader import load_model
+
+    if isinstance(model, nn.Module):
+        from polyfhe.export.onnx import export_onnx
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model.onnx"
+            export_onnx(model, path, input_shape)
+            return onnx.load(str(path)), getattr(model, "model_name", type(model).__name__)
+    name = Path(model).stem if isinstance(model, (str, Path)) else "onnx"
+    return load_model(model), name
+
+
+def _calibration_ranges(circuit: Circuit, calibration: Any) -> tuple[float, tuple[float, float], dict]:
+    """(max |value| over all registers, input range, info) from an array of samples or a CalibrationResult."""
+    if calibration is None:
+        log.warning("no calibration data: assuming inputs in [0, 1] and values below 2^12; pass calibration=X "
+                    "(a few hundred representative inputs) for parameters fitted to the model")
+        return float(2**12), (0.0, 1.0), {"calibrated": False}
+    if hasattr(calibration, "node_ranges") and hasattr(calibration, "input_range"):
+        rng = calibration.input_range
+        max_abs = max([abs(r.abs_max) for r in calibration.node_ranges.values()] + [abs(rng.abs_max)])
+        return max_abs, (float(rng.min), float(rng.max)), {"calibrated": True, "calibration": "CalibrationResult",
+                                                           "samples": int(getattr(calibration, "num_samples", 0))}
+    x = np.asarray(calibration, dtype=np.float64)
+    if x.ndim == len(circuit.input_shape) - 1 or x.shape[1:] != tuple(circuit.input_shape[1:]):
+        x = x.reshape((-1, *circuit.input_shape[1:]))
+    ranges = circuit.value_ranges(x)
+    return max(ranges.values()), (float(x.min()), float(x.max())), {"calibrated": True, "samples": len(x),
+                                                                     "max_abs_value": max(ranges.values())}
+
+
+def export_ckks(
+    model: Any,
+    *,
+    calibration: Any = None,
+    layout: str = "single",
+    input_shape: tuple[int, ...] | None = None,
+    params: CKKSParams | None = None,
+    poly_modulus_degree: int | None = None,
+    scale_bits: int | None = None,
+    allow_insecure: bool = False,
+    batch_memory_budget: int = BATCH_MEMORY_BUDGET,
+) -> CKKSProgram:
+    """Compile ``model`` (module or ONNX) into a CKKS program for ``layout`` ("single" or "batch")."""
+    from polyfhe.analysis import analyze
+
+    if layout not in LAYOUTS:
+        raise CKKSExportError(f"unknown layout {layout!r}; accepted: {list(LAYOUTS)}")
+    proto, name = to_onnx_model(model, input_shape)
+    report = analyze(proto)
+    if not report.polynomial:
+        shown = "; ".join(f"{v.node} ({v.op}): {v.reason}" for v in report.violations[:8])
+        raise CKKSExportError(f"{name} is not polynomial, so it cannot run under CKKS: {shown}")
+    try:
+        circuit = lower_onnx(proto)
+    except LoweringError as exc:
+        raise CKKSExportError(f"{name}: {exc}") from exc
+    max_abs, input_range, cal_info = _calibration_ranges(circuit, calibration)
+    slots_needed = circuit.max_size() if layout == "single" else 1
+    try:
+        if params is None:
+            params = choose_params(circuit.depth, slots_needed, max_abs, scale_bits=scale_bits,
+                                   poly_modulus_degree=poly_modulus_degree)
+        params = validate(params, allow_insecure=allow_insecure)
+    except ParameterError as exc:
+        raise CKKSExportError(str(exc)) from exc
+    if params.levels < circuit.depth:
+        raise CKKSExportError(f"{name} needs {circuit.depth} levels; {params.describe()} offers {params.levels}")
+    if params.slots < slots_needed:
+        raise CKKSExportError(f"{name} needs {slots_needed} slots; {params.describe()} has {params.slots}")
+    if layout == "batch":
+        ct_bytes = 2 * params.poly_modulus_degree * (params.levels + 1) * 8
+        live = 3 * circuit.max_size() * ct_bytes
+        if live > batch_memory_budget:
+            raise CKKSExportError(
+                f"layout='batch' keeps one ciphertext per tensor element: about {live / 2**30:.1f} GiB live for "
+                f"{circuit.max_size()} elements at {params.describe()}, over the {batch_memory_budget / 2**30:.1f} "
+                "GiB budget; use layout='single' or raise batch_memory_budget")
+    try:
+        plan = plan_single(circuit, params.slots) if layout == "single" else plan_batch(circuit)
+    except LoweringError as exc:
+        raise CKKSExportError(f"{name}: {exc}") from exc
+    info = {
+        "model_name": name, "degree": circuit.degrees()[circuit.output], "depth": circuit.depth,
+        "analyzer": {"degree": report.degree, "mult_depth": report.mult_depth, "levels": report.levels},
+        "output_shape": list(circuit.output_shape), **plan.stats, **cal_info,
+    }
+    manifest = ProgramManifest(
+        layout=layout, params=params, input_shape=tuple(circuit.input_shape), input_size=circuit.input_size,
+        output_size=circuit.output_size, output=circuit.output, steps=tuple(plan.steps),
+        galois_steps=tuple(plan.galois_steps), input_range=input_range, info=info,
+    )
+    program = CKKSProgram.create(manifest, plan.arrays)
+    log.info("CKKS program %s: %s, %s, depth %d, %d Galois keys", program.program_id, layout, params.describe(),
+             circuit.depth, len(plan.galois_steps))
+    return program

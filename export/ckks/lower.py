@@ -1,0 +1,293 @@
+"""ONNX graph -> :class:`Circuit`: walk the nodes once, keep encrypted tensors as affine expressions.
+
+Constants (initializers and anything computed only from them, shapes included) are evaluated at compile
+time with the analyzer's :class:`ConstantFolder`. Linear ops update affine expressions (see ``affine.py``);
+two encrypted operands of Add/Sub/Sum/Concat are combined symbolically; a ct x ct Mul, Pow or MatMul
+materialises its operands as :class:`LinearNode` registers and emits a product node. Anything else names the
+node and the op and fails.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+
+from polyfhe.analysis.constants import ConstantFolder
+from polyfhe.analysis.graph import topological_order
+from polyfhe.export.ckks.affine import AffineExpr, LoweringError, align, apply_linear, attributes
+from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
+
+__all__ = ["lower_onnx"]
+
+log = logging.getLogger(__name__)
+
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+
+
+def _fix_batch_axis(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A symbolic leading (batch) axis of the input becomes 1: one ciphertext program serves one sample."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    init = {t.name for t in model.graph.initializer}
+    for info in [*model.graph.input, *model.graph.output]:
+        if info.name in init or not info.type.tensor_type.HasField("shape"):
+            continue
+        dims = info.type.tensor_type.shape.dim
+        if dims and not dims[0].HasField("dim_value"):
+            dims[0].dim_value = 1
+    for info in model.graph.value_info:
+        info.type.tensor_type.ClearField("shape")  # re-inferred from the fixed input shape
+    return model
+
+
+def _probe(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Concrete values (hence shapes) of every value: run onnxruntime once on zeros with all intermediates exposed.
+
+    Static shape inference gives up on shapes computed through Shape/Gather/Concat chains (the TorchScript
+    exporter emits many); one real run cannot.
+    """
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    known = {o.name for o in probe.graph.output}
+    for node in probe.graph.node:
+        for out in node.output:
+            if out and out not in known:
+                probe.graph.output.append(onnx.ValueInfoProto(name=out))
+                known.add(out)
+    init = {t.name for t in probe.graph.initializer}
+    feeds = {}
+    for info in probe.graph.input:
+        if info.name in init:
+            continue
+        dims = info.type.tensor_type.shape.dim
+        if not all(d.HasField("dim_value") for d in dims):
+            raise LoweringError(f"input {info.name!r} needs a static shape; export with a fixed input_shape")
+        elem = onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
+        feeds[info.name] = np.zeros([d.dim_value for d in dims], dtype=elem)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        values = session.run(None, feeds)
+    except Exception as exc:  # noqa: BLE001  (report any runtime failure as a lowering error)
+        raise LoweringError(f"onnxruntime could not run the model to find its shapes: {exc}") from exc
+    probed = dict(zip([o.name for o in probe.graph.output], values, strict=True))
+    probed.update(feeds)
+    return probed
+
+
+class _Lowering:
+    def __init__(self, model: onnx.ModelProto) -> None:
+        model = _fix_batch_axis(model)
+        self.model = model
+        self.folder = ConstantFolder(model)
+        self.probed = _probe(model)  # values for zero input: exact for constants, shapes for everything
+        self.shapes = {name: tuple(np.shape(v)) for name, v in self.probed.items()}
+        self.env: dict[str, AffineExpr] = {}
+        init = {t.name for t in model.graph.initializer}
+        inputs = [i for i in model.graph.input if i.name not in init]
+        if len(inputs) != 1:
+            raise LoweringError(f"the CKKS compiler needs exactly one encrypted graph input, found {len(inputs)}: "
+                                f"{[i.name for i in inputs]}")
+        if len(model.graph.output) != 1:
+            raise LoweringError(f"exactly one graph output is supported, found {len(model.graph.output)}")
+        name = inputs[0].name
+        if name not in self.shapes:
+            raise LoweringError(f"input {name!r} needs a static shape (got a symbolic or missing dimension); "
+                                "export with a fixed input_shape")
+        shape = self.shapes[name]
+        self.circuit = Circuit(input_shape=shape, output_shape=())
+        size = int(np.prod(shape))
+        self.circuit.sizes[0] = size
+        self.env[name] = AffineExpr(shape, {0: np.eye(size).reshape((size, *shape))}, None)
+        self._materialised: dict[int, tuple[AffineExpr, int]] = {}  # id(expr) -> (expr, register): reuse
+
+    # ---------------------------------------------------------------------------------------------------
+    def run(self) -> Circuit:
+        for index, node in topological_order(self.model.graph):
+            if not node.name:
+                node.name = f"{node.op_type}_{index}"
+            self._lower(node)
+        out_name = self.model.graph.output[0].name
+        if out_name not in self.env:
+            raise LoweringError(f"graph output {out_name!r} does not depend on the encrypted input")
+        expr = self.env[out_name]
+        self.circuit.output = self._materialise(expr, f"output {out_name}", force=False)
+        self.circuit.output_shape = expr.shape
+        return self.circuit
+
+    def _lower(self, node: onnx.NodeProto) -> None:
+        enc = [name in self.env for name in node.input]
+        if not any(enc):
+            return  # constant: evaluated on demand by the folder
+        op = node.op_type
+        if op in ("Shape", "Size"):
+            return  # public shape information: the folder evaluates it from static shapes
+        out_shape = self._shape(node.output[0], node)
+        if op == "Cast":
+            if attributes(node).get("to") not in _FLOAT_TYPES:
+                raise LoweringError(f"{node.name}: Cast of an encrypted value to a non-float type")
+            self.env[node.output[0]] = self.env[node.input[0]]
+        elif op in ("Add", "Sub", "Sum") and sum(enc) > 1:
+            self.env[node.output[0]] = self._combine(node, out_shape)
+        elif op == "Concat":
+            self.env[node.output[0]] = self._concat(node, out_shape)
+        elif op == "Split":
+            self._split(node)
+        elif op == "Mul" and sum(enc) == 2:
+            a, b = (self._broadcast(self.env[n], out_shape) for n in node.input)
+            self.env[node.output[0]] = self._product(node, a, b if node.input[0] != node.input[1] else a, out_shape)
+        elif op == "Pow":
+            self.env[node.output[0]] = self._power(node, out_shape)
+        elif op == "MatMul" and sum(enc) == 2:
+            self.env[node.output[0]] = self._matmul(node, out_shape)
+        else:
+            if sum(enc) > 1:
+                raise LoweringError(f"node {node.name} ({op}) with several encrypted operands is not supported")
+            consts = [None if e else (self._const(n) if n else None) for n, e in zip(node.input, enc)]
+            if any(c is None and n and not e for c, n, e in zip(consts, node.input, enc)):
+                raise LoweringError(f"node {node.name} ({op}): an operand is neither encrypted nor a known constant")
+            src = self.env[node.input[enc.index(True)]]
+            self.env[node.output[0]] = apply_linear(node, src, consts, out_shape)
+
+    def _const(self, name: str) -> np.ndarray | None:
+        """Compile-time value of a non-encrypted operand (initializer, Constant, or shape arithmetic)."""
+        value = self.folder.value(name)
+        return value if value is not None else self.probed.get(name)
+
+    def _shape(self, name: str, node: onnx.NodeProto) -> tuple[int, ...]:
+        if name not in self.shapes:
+            raise LoweringError(f"node {node.name} ({node.op_type}): output {name!r} has no static shape")
+        return self.shapes[name]
+
+    # ---------------------------------------------------------------------------------------------------
+    def _operand(self, name: str, shape: tuple[int, ...]) -> AffineExpr:
+        """An encrypted operand, or a constant one as a term-less expression."""
+        if name in self.env:
+            return self.env[name]
+        value = self._const(name)
+        if value is None:
+            raise LoweringError(f"operand {name!r} is neither encrypted nor a known constant")
+        value = np.asarray(value, dtype=np.float64)
+        return AffineExpr(tuple(value.shape), {}, value)
+
+    def _broadcast(self, expr: AffineExpr, out_shape: tuple[int, ...]) -> AffineExpr:
+        if expr.shape == tuple(out_shape):
+            return expr
+        return expr.map(lambda arr, _b: np.array(np.broadcast_to(align(arr, out_shape), (arr.shape[0], *out_shape))))
+
+    def _combine(self, node: onnx.NodeProto, out_shape: tuple[int, ...]) -> AffineExpr:
+        result = AffineExpr(tuple(out_shape), {}, np.zeros(out_shape))
+        for pos, name in enumerate(node.input):
+            expr = self._broadcast(self._operand(name, out_shape), out_shape)
+            sign = -1.0 if (node.op_type == "Sub" and pos == 1) else 1.0
+            result.const = result.const + sign * expr.const_or_zero()
+            for reg, arr in expr.terms.items():
+                result.terms[reg] = result.terms.get(reg, 0.0) + sign * arr
+        return result
+
+    def _concat(self, node: onnx.NodeProto, out_shape: tuple[int, ...]) -> AffineExpr:
+        axis = int(attributes(node).get("axis", 0)) % len(out_shape)
+        parts = [self._operand(n, out_shape) for n in node.input]
+        regs = {r: len(arr) for p in parts for r, arr in p.terms.items()}
+        terms = {
+            reg: np.concatenate([p.terms.get(reg, np.zeros((k, *p.shape))) for p in parts], axis=axis + 1)
+            for reg, k in regs.items()
+        }
+        const = np.concatenate([p.const_or_zero() for p in parts], axis=axis)
+        return AffineExpr(tuple(out_shape), terms, const)
+
+    def _split(self, node: onnx.NodeProto) -> None:
+        src = self.env[node.input[0]]
+        axis = int(attributes(node).get("axis", 0)) % len(src.shape)
+        start = 0
+        for out in node.output:
+            shape = self._shape(out, node)
+            stop = start + shape[axis]
+            index = (slice(None),) * (axis + 1) + (slice(start, stop),)
+            self.env[out] = src.map(lambda arr, _b, index=index: arr[index])
+            start = stop
+
+    # ---------------------------------------------------------------------------------------------------
+    def _materialise(self, expr: AffineExpr, label: str, force: bool = False) -> int:
+        """The register holding ``expr``, emitting a LinearNode unless it already is one register."""
+        size = expr.size
+        known = self._materialised.get(id(expr))
+        if known is not None and known[0] is expr:
+            return known[1]
+        if not force and len(expr.terms) == 1 and (expr.const is None or not np.any(expr.const)):
+            reg, arr = next(iter(expr.terms.items()))
+            if arr.shape[0] == size and self.circuit.sizes[reg] == size and _is_identity(arr.reshape(size, size)):
+                return reg
+        if not expr.terms:
+            raise LoweringError(f"{label}: the value is a constant; nothing to compute under encryption")
+        reg = len(self.circuit.sizes)
+        inputs = sorted(expr.terms)
+        matrices = [expr.terms[r].reshape(len(expr.terms[r]), size).T.copy() for r in inputs]
+        bias = None if expr.const is None or not np.any(expr.const) else expr.const.reshape(-1).copy()
+        self.circuit.nodes.append(LinearNode(reg, inputs, matrices, bias, size, label))
+        self.circuit.sizes[reg] = size
+        self._materialised[id(expr)] = (expr, reg)
+        return reg
+
+    def _register_expr(self, reg: int, shape: tuple[int, ...]) -> AffineExpr:
+        size = self.circuit.sizes[reg]
+        return AffineExpr(tuple(shape), {reg: np.eye(size).reshape((size, *shape))}, None)
+
+    def _mul_regs(self, a: int, b: int, label: str, shape: tuple[int, ...]) -> int:
+        reg = len(self.circuit.sizes)
+        size = int(np.prod(shape))
+        self.circuit.nodes.append(MulNode(reg, a, b, size, label))
+        self.circuit.sizes[reg] = size
+        return reg
+
+    def _product(self, node, a: AffineExpr, b: AffineExpr, out_shape) -> AffineExpr:
+        ra = self._materialise(a, f"{node.name} lhs")
+        rb = ra if a is b else self._materialise(b, f"{node.name} rhs")
+        return self._register_expr(self._mul_regs(ra, rb, node.name, out_shape), out_shape)
+
+    def _power(self, node: onnx.NodeProto, out_shape) -> AffineExpr:
+        exponent = self._const(node.input[1]) if node.input[1] not in self.env else None
+        if exponent is None or np.asarray(exponent).size != 1:
+            raise LoweringError(f"{node.name}: Pow needs a constant scalar exponent")
+        k = float(np.asarray(exponent).reshape(-1)[0])
+        if k != int(k) or k < 1:
+            raise LoweringError(f"{node.name}: Pow exponent {k} is not a positive integer (not a polynomial)")
+        base = self._materialise(self._broadcast(self.env[node.input[0]], out_shape), f"{node.name} base")
+        cache: dict[int, int] = {1: base}
+
+        def power(e: int) -> int:  # x^e = x^hi * x^(e-hi) with hi the largest power of two below e: depth ceil(log2 e)
+            if e not in cache:
+                hi = 1 << ((e - 1).bit_length() - 1)
+                cache[e] = self._mul_regs(power(hi), power(e - hi), f"{node.name}^{e}", out_shape)
+            return cache[e]
+
+        return self._register_expr(power(int(k)), out_shape)
+
+    def _matmul(self, node: onnx.NodeProto, out_shape) -> AffineExpr:
+        a_expr, b_expr = (self.env[n] for n in node.input)
+        if len(a_expr.shape) < 2 or len(b_expr.shape) < 2:
+            raise LoweringError(f"{node.name}: ct x ct MatMul needs operands with at least 2 axes")
+        ra = self._materialise(a_expr, f"{node.name} lhs")
+        rb = self._materialise(b_expr, f"{node.name} rhs")
+        reg = len(self.circuit.sizes)
+        size = int(np.prod(out_shape))
+        self.circuit.nodes.append(MatMulNode(reg, ra, rb, a_expr.shape, b_expr.shape, tuple(out_shape), size, node.name))
+        self.circuit.sizes[reg] = size
+        return self._register_expr(reg, out_shape)
+
+
+def _is_identity(m: np.ndarray) -> bool:
+    return m.shape[0] == m.shape[1] and np.array_equal(m, np.eye(m.shape[0]))
+
+
+def lower_onnx(model: onnx.ModelProto) -> Circuit:
+    """Lower a polynomial ONNX model (one input, one output, static shapes) to a :class:`Circuit`."""
+    circuit = _Lowering(model).run()
+    log.info("lowered %d nodes: %d linear maps, %d products, depth %d, largest register %d",
+             len(model.graph.node), sum(isinstance(n, LinearNode) for n in circuit.nodes),
+             sum(not isinstance(n, LinearNode) for n in circuit.nodes), circuit.depth, circuit.max_size())
+    return circuit

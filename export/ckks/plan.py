@@ -1,0 +1,154 @@
+"""Circuit -> program steps for the two layouts.
+
+single: one sample across the slots. A linear map ``A`` (m x n, embedded in S x S) is evaluated with
+*period-P diagonals* ``d_k[t] = A[t mod P, (t + k) mod S]`` for ``k < P`` (P a power of two >= m): P = S is
+the classic Halevi-Shoup diagonal method, a smaller P the hybrid method for wide maps followed by
+log2(S/P) rotate-and-add steps. Only non-zero diagonals are kept; they are grouped baby-step giant-step
+(``k = g*B + a``), pre-rotated by ``g*B`` so that each giant group needs one rotation. P and B are chosen per
+map by counting rotations and plaintext products. Rotation steps used by all maps form the Galois key set.
+
+batch: one slot per sample and one ciphertext per tensor element; linear maps are sparse rows of scalars
+(CSR), no rotations and no Galois keys.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from polyfhe.export.ckks.affine import LoweringError
+from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
+from polyfhe.fhe.program import Step
+
+__all__ = ["Plan", "plan_batch", "plan_single"]
+
+log = logging.getLogger(__name__)
+
+ROTATION_COST = 12.0  # a key switch costs about this many plaintext products (measured: ~50 ms vs ~4 ms)
+
+
+@dataclass
+class Plan:
+    steps: list[Step]
+    arrays: dict[str, np.ndarray]
+    galois_steps: list[int]
+    stats: dict
+
+
+def _diagonals(matrix: np.ndarray, period: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """Non-zero period-P diagonals of ``matrix`` embedded in S x S: (offsets k, values (len(k), S))."""
+    rows, cols = np.nonzero(matrix)
+    vals = matrix[rows, cols]
+    delta = (cols - rows) % slots
+    ks = delta % period
+    ts = rows + (delta // period) * period
+    uniq, pos = np.unique(ks, return_inverse=True)
+    diags = np.zeros((len(uniq), slots))
+    diags[pos, ts] = vals
+    return uniq.astype(np.int64), diags
+
+
+def _baby_size(ks_list: list[np.ndarray], period: int) -> tuple[int, int]:
+    """Baby-step size (power of two) minimising baby + giant rotations over all terms of one map."""
+    best = (1 << 62, 1)
+    b = 1
+    while b <= period:
+        babies = sum(len(np.unique(ks % b)) - (1 if np.any(ks % b == 0) else 0) for ks in ks_list)
+        giants = len(np.unique(np.concatenate([ks // b for ks in ks_list])))
+        giants -= 1 if any(np.any(ks // b == 0) for ks in ks_list) else 0
+        best = min(best, (babies + giants, b))
+        b *= 2
+    return best[1], best[0]
+
+
+def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, steps_used: set) -> dict:
+    if node.size > slots or any(m.shape[1] > slots for m in node.matrices):
+        raise LoweringError(f"{node.label}: a tensor of {max(node.size, *[m.shape[1] for m in node.matrices])} "
+                            f"values does not fit {slots} slots; use a larger ring or layout='batch'")
+    period = 1 << max(0, (node.size - 1).bit_length())
+    best = None
+    while period <= slots:
+        terms = [_diagonals(m, period, slots) for m in node.matrices]
+        baby, rotations = _baby_size([ks for ks, _ in terms], period)
+        reductions = int(np.log2(slots // period))
+        products = sum(len(ks) for ks, _ in terms)
+        cost = products + ROTATION_COST * (rotations + reductions)
+        if best is None or cost < best[0]:
+            best = (cost, period, baby, terms)
+        period *= 2
+    _, period, baby, terms = best
+    attrs = {"period": period, "baby": baby, "terms": [], "bias": None}
+    for j, (ks, diags) in enumerate(terms):
+        giants = (ks // baby) * baby
+        rolled = np.stack([np.roll(d, g) for d, g in zip(diags, giants, strict=True)]) if len(ks) else diags
+        name = f"s{index}.t{j}"
+        arrays[f"{name}.diags"] = rolled
+        arrays[f"{name}.ks"] = ks
+        attrs["terms"].append({"input": node.inputs[j], "diags": f"{name}.diags", "ks": f"{name}.ks"})
+        steps_used.update(int(a) for a in np.unique(ks % baby) if a)
+        steps_used.update(int(g) for g in np.unique(giants) if g)
+    step = period
+    while step < slots:
+        steps_used.add(step)
+        step *= 2
+    if node.bias is not None:
+        arrays[f"s{index}.bias"] = node.bias
+        attrs["bias"] = f"s{index}.bias"
+    return attrs
+
+
+def _plan_linear_batch(node: LinearNode, index: int, arrays: dict) -> dict:
+    attrs = {"terms": [], "bias": None}
+    for j, matrix in enumerate(node.matrices):
+        rows, cols = np.nonzero(matrix)
+        indptr = np.searchsorted(rows, np.arange(matrix.shape[0] + 1))
+        name = f"s{index}.t{j}"
+        arrays[f"{name}.data"] = matrix[rows, cols]
+        arrays[f"{name}.indices"] = cols.astype(np.int64)
+        arrays[f"{name}.indptr"] = indptr.astype(np.int64)
+        attrs["terms"].append({"input": node.inputs[j], "data": f"{name}.data", "indices": f"{name}.indices",
+                               "indptr": f"{name}.indptr"})
+    if node.bias is not None:
+        arrays[f"s{index}.bias"] = node.bias
+        attrs["bias"] = f"s{index}.bias"
+    return attrs
+
+
+def _plan(circuit: Circuit, layout: str, slots: int) -> Plan:
+    levels = circuit.levels()
+    steps: list[Step] = []
+    arrays: dict[str, np.ndarray] = {}
+    used: set[int] = set()
+    for index, node in enumerate(circuit.nodes):
+        if isinstance(node, LinearNode):
+            attrs = (_plan_linear_single(node, slots, index, arrays, used) if layout == "single"
+                     else _plan_linear_batch(node, index, arrays))
+            attrs["label"] = node.label
+            steps.append(Step("linear", node.out, tuple(node.inputs), node.size, levels[node.out], attrs))
+        elif isinstance(node, MulNode):
+            steps.append(Step("mul", node.out, (node.a, node.b), node.size, levels[node.out], {"label": node.label}))
+        elif isinstance(node, MatMulNode):
+            if layout != "batch":
+                raise LoweringError(f"{node.label}: a MatMul of two encrypted tensors is supported in "
+                                    "layout='batch' only")
+            attrs = {"a_shape": list(node.a_shape), "b_shape": list(node.b_shape),
+                     "out_shape": list(node.out_shape), "label": node.label}
+            steps.append(Step("matmul", node.out, (node.a, node.b), node.size, levels[node.out], attrs))
+    stats = {
+        "linear_maps": sum(s.op == "linear" for s in steps),
+        "products": sum(s.op != "linear" for s in steps),
+        "plaintext_diagonals": int(sum(len(arrays[t["ks"]]) for s in steps for t in s.attrs.get("terms", [])
+                                       if "ks" in t)),
+        "galois_keys": len(used),
+    }
+    return Plan(steps, arrays, sorted(used), stats)
+
+
+def plan_single(circuit: Circuit, slots: int) -> Plan:
+    return _plan(circuit, "single", slots)
+
+
+def plan_batch(circuit: Circuit) -> Plan:
+    return _plan(circuit, "batch", 0)

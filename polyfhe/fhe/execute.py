@@ -1,0 +1,222 @@
+"""Program execution, written once against a small slot-operation backend.
+
+:class:`SlotOps` is what a backend provides (rotate, plaintext product, add, rescale, ct x ct product, level
+matching). :class:`NumpyOps` implements it on plain float64 slot vectors, which checks a compiled plan
+exactly without encryption; ``polyfhe.fhe.seal_backend.SealOps`` implements it on SEAL ciphertexts. The
+``single`` layout keeps one sample in the slots of one ciphertext per register; ``batch`` keeps one
+ciphertext per tensor element with one sample per slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from polyfhe.fhe.program import CKKSProgram, Step
+
+__all__ = ["NumpyOps", "SlotOps", "execute", "run_plain"]
+
+
+class SlotOps(Protocol):
+    slots: int
+
+    def level(self, ct: Any) -> int: ...
+    def drop_to(self, ct: Any, level: int) -> Any: ...
+    def rotate(self, ct: Any, step: int) -> Any: ...
+    def mul_vector(self, ct: Any, vec: np.ndarray, key: tuple) -> Any: ...  # pre-rescale, scale -> target
+    def mul_scalar(self, ct: Any, value: float) -> Any: ...  # pre-rescale, scale -> target
+    def add(self, a: Any, b: Any) -> Any: ...
+    def add_vector(self, ct: Any, vec: np.ndarray, key: tuple) -> Any: ...  # at the pre-rescale scale
+    def rescale(self, ct: Any) -> Any: ...
+    def multiply(self, a: Any, b: Any) -> Any: ...  # ct x ct, relinearised, not rescaled
+    def relin_rescale(self, ct: Any) -> Any: ...
+
+
+class NumpyOps:
+    """Plain slots: exact arithmetic, levels ignored. Rotation by k moves slot t+k to t (as SEAL does)."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+
+    def level(self, ct):
+        return 0
+
+    def drop_to(self, ct, level):
+        return ct
+
+    def rotate(self, ct, step):
+        return np.roll(ct, -step, axis=-1)
+
+    def mul_vector(self, ct, vec, key):
+        return ct * vec
+
+    def mul_scalar(self, ct, value):
+        return ct * value
+
+    def add(self, a, b):
+        return b if a is None else a + b
+
+    def add_vector(self, ct, vec, key):
+        out = ct.copy()
+        out[..., : len(vec)] += vec
+        return out
+
+    def rescale(self, ct):
+        return ct
+
+    def multiply(self, a, b):
+        return a * b
+
+    def relin_rescale(self, ct):
+        return ct
+
+
+# ------------------------------------------------------------------------------------------------------------
+# single layout: registers are single ciphertexts (or slot vectors)
+# ------------------------------------------------------------------------------------------------------------
+def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: dict) -> Any:
+    attrs = step.attrs
+    period, baby = int(attrs["period"]), int(attrs["baby"])
+    target = step.level - 1
+    acc = None
+    for ti, term in enumerate(attrs["terms"]):
+        x = ops.drop_to(regs[term["input"]], target)
+        ks, diags = arrays[term["ks"]], arrays[term["diags"]]
+        for g in np.unique(ks // baby):
+            inner = None
+            for row in np.nonzero(ks // baby == g)[0]:
+                a = int(ks[row] % baby)
+                key = (term["input"], a, target)
+                if key not in cache:
+                    cache[key] = x if a == 0 else ops.rotate(x, a)
+                inner = ops.add(inner, ops.mul_vector(cache[key], diags[row], (step.out, ti, int(row))))
+            acc = ops.add(acc, inner if g == 0 else ops.rotate(inner, int(g) * baby))
+    shift = period
+    while shift < ops.slots:
+        acc = ops.add(acc, ops.rotate(acc, shift))
+        shift *= 2
+    if attrs.get("bias"):
+        acc = ops.add_vector(acc, arrays[attrs["bias"]], (step.out, "bias"))
+    return ops.rescale(acc)
+
+
+def _single_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: dict) -> Any:
+    a, b = (regs[i] for i in step.inputs)
+    low = max(ops.level(a), ops.level(b))
+    return ops.relin_rescale(ops.multiply(ops.drop_to(a, low), ops.drop_to(b, low)))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# batch layout: registers are lists of ciphertexts, one per tensor element
+# ------------------------------------------------------------------------------------------------------------
+def _batch_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: dict) -> list:
+    target = step.level - 1
+    rows: list[Any] = [None] * step.size
+    for term in step.attrs["terms"]:
+        src = [ops.drop_to(ct, target) for ct in regs[term["input"]]]
+        data, indices, indptr = arrays[term["data"]], arrays[term["indices"]], arrays[term["indptr"]]
+        for i in range(step.size):
+            for p in range(indptr[i], indptr[i + 1]):
+                rows[i] = ops.add(rows[i], ops.mul_scalar(src[indices[p]], float(data[p])))
+    bias = arrays[step.attrs["bias"]] if step.attrs.get("bias") else None
+    out = []
+    for i, acc in enumerate(rows):
+        if acc is None:  # an all-zero row: multiply any input by 0 to keep level and scale consistent
+            acc = ops.mul_scalar(ops.drop_to(regs[step.attrs["terms"][0]["input"]][0], target), 0.0)
+        if bias is not None and bias[i] != 0.0:
+            acc = ops.add_vector(acc, np.full(ops.slots, bias[i]), (step.out, "bias", i))
+        out.append(ops.rescale(acc))
+    return out
+
+
+def _batch_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: dict) -> list:
+    a, b = (regs[i] for i in step.inputs)
+    low = max(ops.level(a[0]), ops.level(b[0]))
+    return [ops.relin_rescale(ops.multiply(ops.drop_to(x, low), ops.drop_to(y, low))) for x, y in zip(a, b)]
+
+
+def matmul_indices(a_shape, b_shape, out_shape) -> tuple[np.ndarray, np.ndarray]:
+    """For ``out = a @ b`` (flattened), the (out_size, K) element indices of a and b summed per output."""
+    ia = np.arange(int(np.prod(a_shape))).reshape(a_shape)
+    ib = np.arange(int(np.prod(b_shape))).reshape(b_shape)
+    k = a_shape[-1]
+    full = (*out_shape, k)
+    a_idx = np.broadcast_to(ia[..., :, None, :], full).reshape(-1, k)
+    b_idx = np.broadcast_to(np.swapaxes(ib, -1, -2)[..., None, :, :], full).reshape(-1, k)
+    return a_idx, b_idx
+
+
+def _batch_matmul(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: dict) -> list:
+    a, b = (regs[i] for i in step.inputs)
+    low = max(ops.level(a[0]), ops.level(b[0]))
+    a = [ops.drop_to(x, low) for x in a]
+    b = [ops.drop_to(x, low) for x in b]
+    a_idx, b_idx = matmul_indices(step.attrs["a_shape"], step.attrs["b_shape"], step.attrs["out_shape"])
+    out = []
+    for ra, rb in zip(a_idx, b_idx, strict=True):
+        acc = None
+        for i, j in zip(ra, rb, strict=True):
+            acc = ops.add(acc, ops.multiply(a[i], b[j]))
+        out.append(ops.relin_rescale(acc))
+    return out
+
+
+StepFn = Callable[[Step, dict, SlotOps, dict, dict], Any]
+EXECUTORS: dict[tuple[str, str], StepFn] = {
+    ("single", "linear"): _single_linear,
+    ("single", "mul"): _single_mul,
+    ("batch", "linear"): _batch_linear,
+    ("batch", "mul"): _batch_mul,
+    ("batch", "matmul"): _batch_matmul,
+}
+
+
+def _last_use(program: CKKSProgram) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for index, step in enumerate(program.manifest.steps):
+        for r in step.inputs:
+            last[r] = index
+        for t in step.attrs.get("terms", []):
+            last[t["input"]] = index
+    return last
+
+
+def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: Callable | None = None) -> Any:
+    """Run every step; registers are freed after their last use to bound memory."""
+    manifest = program.manifest
+    regs: dict[int, Any] = {0: encrypted_input}
+    last = _last_use(program)
+    cache: dict = {}
+    for index, step in enumerate(manifest.steps):
+        fn = EXECUTORS.get((manifest.layout, step.op))
+        if fn is None:
+            raise ValueError(f"step {index} ({step.op}) is not supported in layout {manifest.layout!r}")
+        regs[step.out] = fn(step, regs, ops, program.arrays, cache)
+        for r in [r for r, i in last.items() if i == index and r != manifest.output]:
+            regs.pop(r, None)
+            for key in [k for k in cache if k[0] == r]:
+                del cache[key]
+        if progress is not None:
+            progress(index, step)
+    return regs[manifest.output]
+
+
+def run_plain(program: CKKSProgram, x: np.ndarray) -> np.ndarray:
+    """Compiled program on plaintext: ``x`` (batch, *input_shape) -> (batch, output_size)."""
+    m = program.manifest
+    flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    if flat.shape[1] != m.input_size:
+        raise ValueError(f"input has {flat.shape[1]} values per sample, the program takes {m.input_size}")
+    if m.layout == "single":
+        slots = m.params.slots
+        outs = []
+        for row in flat:
+            vec = np.zeros(slots)
+            vec[: m.input_size] = row
+            outs.append(execute(program, NumpyOps(slots), vec)[: m.output_size])
+        return np.stack(outs)
+    ops = NumpyOps(len(flat))
+    result = execute(program, ops, [flat[:, i].copy() for i in range(m.input_size)])
+    return np.stack(result, axis=1)

@@ -1,0 +1,139 @@
+"""CKKS parameters: the chosen ring and modulus chain, and how they are chosen from a program's needs.
+
+Security follows the HE standard's bounds for ternary secrets (SEAL's ``CoeffModulus::MaxBitCount`` at
+128 bits): the total modulus, special prime included, must stay within ``MAX_BITS_128[N]``. Each level is
+one rescale by a prime of ``scale_bits``; the first prime holds the final value (scale + output headroom);
+the special prime is as large as the first for key-switching noise.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass
+
+__all__ = [
+    "MAX_BITS_128", "CKKSParams", "ParameterError", "choose_params", "fingerprint_params", "security_bits_ok",
+]
+
+log = logging.getLogger(__name__)
+
+# HE standard, 128-bit classical security, uniform ternary secret (as SEAL's tc128 table).
+MAX_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
+RING_SIZES = (8192, 16384, 32768)
+MAX_PRIME_BITS = 60
+
+
+class ParameterError(ValueError):
+    """No secure parameter set fits the program, or an override is insecure or malformed."""
+
+
+@dataclass(frozen=True)
+class CKKSParams:
+    poly_modulus_degree: int
+    coeff_mod_bits: tuple[int, ...]  # first (output) prime, one prime per level, special prime
+    scale_bits: int
+    security: str = "tc128"  # "tc128" or "none" (allow_insecure only)
+
+    @property
+    def slots(self) -> int:
+        return self.poly_modulus_degree // 2
+
+    @property
+    def levels(self) -> int:
+        return len(self.coeff_mod_bits) - 2
+
+    @property
+    def total_bits(self) -> int:
+        return sum(self.coeff_mod_bits)
+
+    @property
+    def scale(self) -> float:
+        return float(2.0**self.scale_bits)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["coeff_mod_bits"] = list(self.coeff_mod_bits)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CKKSParams:
+        try:
+            return cls(int(d["poly_modulus_degree"]), tuple(int(b) for b in d["coeff_mod_bits"]),
+                       int(d["scale_bits"]), str(d.get("security", "tc128")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ParameterError(f"malformed CKKS parameters {d!r}: {exc}") from exc
+
+    def describe(self) -> str:
+        return (f"N={self.poly_modulus_degree} ({self.slots} slots), modulus {list(self.coeff_mod_bits)} "
+                f"= {self.total_bits} bits, scale 2^{self.scale_bits}, {self.levels} levels, security {self.security}")
+
+
+def fingerprint_params(params: CKKSParams) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(params.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def security_bits_ok(params: CKKSParams) -> bool:
+    bound = MAX_BITS_128.get(params.poly_modulus_degree)
+    return bound is not None and params.total_bits <= bound
+
+
+def validate(params: CKKSParams, allow_insecure: bool = False) -> CKKSParams:
+    """Check shape and security; an insecure set passes only with ``allow_insecure`` (and a loud warning)."""
+    n = params.poly_modulus_degree
+    if n not in MAX_BITS_128:
+        raise ParameterError(f"poly_modulus_degree {n} is not supported; accepted: {sorted(MAX_BITS_128)}")
+    if len(params.coeff_mod_bits) < 2 or any(not 20 <= b <= MAX_PRIME_BITS for b in params.coeff_mod_bits):
+        raise ParameterError(f"coeff_mod_bits {list(params.coeff_mod_bits)}: need >= 2 primes of 20..60 bits")
+    if not security_bits_ok(params) or params.security != "tc128":
+        if not allow_insecure:
+            raise ParameterError(
+                f"{params.describe()} exceeds the 128-bit bound of {MAX_BITS_128[n]} bits for N={n}; "
+                "use a larger ring or fewer/smaller primes (allow_insecure=True overrides, for experiments only)")
+        log.warning("INSECURE CKKS PARAMETERS: %s (128-bit bound for N=%d is %d bits). Never use them for real data.",
+                    params.describe(), n, MAX_BITS_128[n])
+        return CKKSParams(params.poly_modulus_degree, params.coeff_mod_bits, params.scale_bits, "none")
+    return params
+
+
+def choose_params(
+    levels: int,
+    slots_needed: int,
+    max_abs_value: float,
+    *,
+    scale_bits: int | None = None,
+    max_scale_bits: int = 40,
+    min_scale_bits: int = 30,
+    poly_modulus_degree: int | None = None,
+) -> CKKSParams:
+    """The smallest secure ring that holds ``slots_needed`` values and ``levels`` rescales, largest scale first.
+
+    The first prime holds ``scale * max_abs_value`` with 8 bits of margin. Raises :class:`ParameterError`
+    saying how many levels are needed and how many fit when nothing does.
+    """
+    headroom = max(1, math.ceil(math.log2(max(max_abs_value, 1.0)))) + 8
+    rings = [poly_modulus_degree] if poly_modulus_degree else list(RING_SIZES)
+    scales = [scale_bits] if scale_bits else list(range(max_scale_bits, min_scale_bits - 1, -1))
+    best_fit: list[str] = []
+    for n in rings:
+        if n // 2 < slots_needed:
+            best_fit.append(f"N={n}: {n // 2} slots < {slots_needed} values")
+            continue
+        for s in scales:
+            first = min(MAX_PRIME_BITS, s + headroom)
+            if first - s < headroom:
+                continue
+            bits = (first, *([s] * levels), first)
+            if sum(bits) <= MAX_BITS_128[n]:
+                return CKKSParams(n, bits, s)
+        s = scales[-1]
+        first = min(MAX_PRIME_BITS, s + headroom)
+        fit = max(0, (MAX_BITS_128[n] - 2 * first) // s)
+        best_fit.append(f"N={n}: {fit} levels at a {s}-bit scale")
+    raise ParameterError(
+        f"the program needs {levels} levels on {slots_needed} slots with values up to {max_abs_value:.3g}; "
+        f"leveled CKKS at 128-bit security offers: {'; '.join(best_fit)}. Use a shallower model (fewer "
+        "Poly-Blocks / lower degree), a smaller input, or calibrate to tighter value ranges.")

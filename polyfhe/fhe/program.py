@@ -1,0 +1,192 @@
+"""A compiled CKKS program: a JSON manifest plus named numpy arrays. No pickle, no torch.
+
+``save(dir)`` writes ``manifest.json`` and ``arrays.npz``; :func:`load_program` reads them back with
+``allow_pickle=False`` and checks the format, the array names every step refers to, and the program id (a
+hash over the manifest and the arrays), so a tampered or truncated program is refused before it runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from polyfhe.fhe.params import CKKSParams
+
+__all__ = ["FORMAT", "CKKSProgram", "ProgramError", "ProgramManifest", "Step", "load_program"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "polyfhe-ckks/1"
+LAYOUTS = ("single", "batch")
+
+
+class ProgramError(ValueError):
+    """A program directory is missing, malformed or does not match its id."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One instruction: ``op`` in {"linear", "mul", "matmul"}; ``level`` = rescales consumed once it is done."""
+
+    op: str
+    out: int
+    inputs: tuple[int, ...]
+    size: int
+    level: int
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"op": self.op, "out": self.out, "inputs": list(self.inputs), "size": self.size,
+                "level": self.level, "attrs": self.attrs}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Step:
+        return cls(str(d["op"]), int(d["out"]), tuple(int(i) for i in d["inputs"]), int(d["size"]),
+                   int(d["level"]), dict(d.get("attrs", {})))
+
+    def array_names(self) -> list[str]:
+        names = [t[k] for t in self.attrs.get("terms", []) for k in ("diags", "ks", "data", "indices", "indptr")
+                 if k in t]
+        return names + ([self.attrs["bias"]] if self.attrs.get("bias") else [])
+
+
+@dataclass(frozen=True)
+class ProgramManifest:
+    layout: str
+    params: CKKSParams
+    input_shape: tuple[int, ...]
+    input_size: int
+    output_size: int
+    output: int
+    steps: tuple[Step, ...]
+    galois_steps: tuple[int, ...]
+    input_range: tuple[float, float]
+    info: dict[str, Any] = field(default_factory=dict)  # model name, degree, depth, calibration, errors
+    program_id: str = ""
+    format: str = FORMAT
+
+    def to_dict(self) -> dict:
+        return {
+            "format": self.format, "program_id": self.program_id, "layout": self.layout,
+            "params": self.params.to_dict(), "input_shape": list(self.input_shape), "input_size": self.input_size,
+            "output_size": self.output_size, "output": self.output, "steps": [s.to_dict() for s in self.steps],
+            "galois_steps": list(self.galois_steps), "input_range": list(self.input_range), "info": self.info,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ProgramManifest:
+        if d.get("format") != FORMAT:
+            raise ProgramError(f"unknown program format {d.get('format')!r}; this polyfhe reads {FORMAT!r}")
+        if d.get("layout") not in LAYOUTS:
+            raise ProgramError(f"unknown layout {d.get('layout')!r}; accepted: {list(LAYOUTS)}")
+        try:
+            return cls(
+                layout=d["layout"], params=CKKSParams.from_dict(d["params"]),
+                input_shape=tuple(int(i) for i in d["input_shape"]), input_size=int(d["input_size"]),
+                output_size=int(d["output_size"]), output=int(d["output"]),
+                steps=tuple(Step.from_dict(s) for s in d["steps"]),
+                galois_steps=tuple(int(g) for g in d["galois_steps"]),
+                input_range=(float(d["input_range"][0]), float(d["input_range"][1])),
+                info=dict(d.get("info", {})), program_id=str(d.get("program_id", "")),
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ProgramError(f"malformed program manifest: {type(exc).__name__}: {exc}") from exc
+
+    @property
+    def depth(self) -> int:
+        return max((s.level for s in self.steps), default=0)
+
+
+def compute_program_id(manifest: ProgramManifest, arrays: dict[str, np.ndarray]) -> str:
+    core = manifest.to_dict()
+    core.pop("program_id")
+    core.pop("info")
+    digest = hashlib.sha256(json.dumps(core, sort_keys=True).encode())
+    for name in sorted(arrays):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(arrays[name]).tobytes())
+    return digest.hexdigest()[:24]
+
+
+@dataclass
+class CKKSProgram:
+    """Manifest + arrays; ``client()`` for the key holder, ``server(public_context)`` for the evaluator."""
+
+    manifest: ProgramManifest
+    arrays: dict[str, np.ndarray]
+    plaintext_cache: dict = field(default_factory=dict, repr=False, compare=False)  # shared by its servers
+
+    @classmethod
+    def create(cls, manifest: ProgramManifest, arrays: dict[str, np.ndarray]) -> CKKSProgram:
+        return cls(replace(manifest, program_id=compute_program_id(manifest, arrays)), arrays)
+
+    @property
+    def params(self) -> CKKSParams:
+        return self.manifest.params
+
+    @property
+    def program_id(self) -> str:
+        return self.manifest.program_id
+
+    def save(self, directory: str | Path) -> Path:
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(out / "arrays.npz", **self.arrays)
+        (out / "manifest.json").write_text(json.dumps(self.manifest.to_dict(), indent=1))
+        log.info("saved CKKS program %s to %s", self.program_id, out)
+        return out
+
+    def client(self, **kwargs):
+        from polyfhe.fhe.client import CKKSClient
+
+        return CKKSClient(self.manifest, **kwargs)
+
+    def server(self, public_context: bytes, **kwargs):
+        from polyfhe.fhe.server import CKKSServer
+
+        return CKKSServer(self, public_context, **kwargs)
+
+    def run_plain(self, x: np.ndarray) -> np.ndarray:
+        """Execute the compiled steps on plaintext slots (no encryption): the reference for one sample batch."""
+        from polyfhe.fhe.execute import run_plain
+
+        return run_plain(self, x)
+
+    def summary(self) -> dict:
+        m = self.manifest
+        return {"program_id": m.program_id, "layout": m.layout, "params": m.params.to_dict(),
+                "input_shape": list(m.input_shape), "output_size": m.output_size, "depth": m.depth,
+                "steps": len(m.steps), "galois_keys": len(m.galois_steps), **m.info}
+
+
+def load_program(directory: str | Path) -> CKKSProgram:
+    """Load and verify a program saved by :meth:`CKKSProgram.save`."""
+    root = Path(directory)
+    manifest_path, arrays_path = root / "manifest.json", root / "arrays.npz"
+    for p in (manifest_path, arrays_path):
+        if not p.is_file():
+            raise ProgramError(f"{root} is not a CKKS program directory: {p.name} is missing "
+                               "(create one with `polyfhe export MODEL --target ckks --out DIR`)")
+    try:
+        manifest = ProgramManifest.from_dict(json.loads(manifest_path.read_text()))
+    except json.JSONDecodeError as exc:
+        raise ProgramError(f"{manifest_path} is not valid JSON: {exc}") from exc
+    try:
+        with np.load(arrays_path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except Exception as exc:  # noqa: BLE001  (zip/npz errors of many kinds)
+        raise ProgramError(f"cannot read {arrays_path}: {type(exc).__name__}: {exc}") from exc
+    missing = sorted({n for s in manifest.steps for n in s.array_names()} - set(arrays))
+    if missing:
+        raise ProgramError(f"{arrays_path} lacks arrays the program uses: {missing[:5]}")
+    expected = compute_program_id(manifest, arrays)
+    if expected != manifest.program_id:
+        raise ProgramError(f"program id mismatch in {root}: manifest says {manifest.program_id}, "
+                           f"content hashes to {expected} (modified or corrupt program)")
+    return CKKSProgram(manifest, arrays)

@@ -1,0 +1,105 @@
+"""The evaluator: holds a program and a client's *public* context, turns input ciphertexts into results.
+
+It never sees a secret key (a context with one is refused) or a plaintext. Every byte string from outside
+is validated (container, program id, parameters, SEAL's own checks) and rejected with a
+:class:`~polyfhe.fhe.wire.WireError` or :class:`~polyfhe.fhe.seal_backend.SerializationError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from polyfhe.fhe.client import galois_element
+from polyfhe.fhe.execute import execute
+from polyfhe.fhe.params import fingerprint_params
+from polyfhe.fhe.program import CKKSProgram
+from polyfhe.fhe.seal_backend import SealContext, SealOps
+from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
+
+__all__ = ["CKKSServer", "RunStats"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_CONTEXT_BYTES = 4 << 30
+DEFAULT_MAX_CIPHERTEXT_BYTES = 1 << 30
+
+
+@dataclass
+class RunStats:
+    seconds: float = 0.0
+    counts: dict = field(default_factory=dict)
+
+
+def _check_identity(header: dict, program: CKKSProgram, what: str) -> None:
+    if header.get("program_id") != program.program_id:
+        raise WireError(f"{what} was made for program {header.get('program_id')!r}, this server runs "
+                        f"{program.program_id!r}")
+    if header.get("params") != fingerprint_params(program.params):
+        raise WireError(f"{what} uses other CKKS parameters than {program.params.describe()}")
+
+
+class CKKSServer:
+    def __init__(self, program: CKKSProgram, public_context: bytes, *,
+                 max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES,
+                 max_ciphertext_bytes: int = DEFAULT_MAX_CIPHERTEXT_BYTES,
+                 plaintext_cache: dict | None = None) -> None:
+        self.program = program
+        self.max_ciphertext_bytes = max_ciphertext_bytes
+        box = unpack(public_context, KIND_CONTEXT, max_bytes=max_context_bytes)
+        _check_identity(box.header, program, "public context")
+        self.seal = SealContext(program.params)
+        for name in ("public_key", "relin_keys"):
+            if name not in box.sections:
+                raise WireError(f"public context lacks {name.replace('_', ' ')}")
+        self.seal.load("public_key", box.sections["public_key"])  # validated, not needed for evaluation
+        relin = self.seal.load("relin_keys", box.sections["relin_keys"])
+        galois = None
+        steps = program.manifest.galois_steps
+        if steps:
+            if "galois_keys" not in box.sections:
+                raise WireError(f"public context lacks the {len(steps)} Galois keys this program rotates with")
+            galois = self.seal.load("galois_keys", box.sections["galois_keys"])
+            n = program.params.poly_modulus_degree
+            missing = [s for s in steps if not galois.has_key(galois_element(s, n))]
+            if missing:
+                raise WireError(f"public context lacks Galois keys for rotations {missing[:8]}")
+        self.context_bytes = len(public_context)
+        cache = plaintext_cache if plaintext_cache is not None else program.plaintext_cache
+        self._ops = SealOps(self.seal, relin, galois, cache)
+        self.last_run = RunStats()
+
+    def _load_input(self, data: bytes) -> tuple[list, int]:
+        box = unpack(data, KIND_CIPHERTEXT, max_bytes=self.max_ciphertext_bytes)
+        _check_identity(box.header, self.program, "ciphertext")
+        m = self.program.manifest
+        expected = 1 if m.layout == "single" else m.input_size
+        count = box.header.get("count")
+        if count != expected or len(box.sections) != expected:
+            raise WireError(f"input holds {len(box.sections)} ciphertexts, the program takes {expected}")
+        cts = [self.seal.load("ciphertext", box.sections[f"ct{i}"]) for i in range(expected)]
+        top = self.seal.context.first_parms_id()
+        for ct in cts:
+            if list(ct.parms_id()) != list(top) or ct.size() != 2:
+                raise WireError("input ciphertexts must be fresh (top level, two components)")
+            if abs(ct.scale / m.params.scale - 1.0) > 1e-6:
+                raise WireError(f"input ciphertext scale {ct.scale:.6g} != program scale 2^{m.params.scale_bits}")
+        return cts, int(box.header.get("samples", 1))
+
+    def run(self, data: bytes) -> bytes:
+        """Evaluate the program on an encrypted input (bytes in, bytes out)."""
+        cts, samples = self._load_input(data)
+        t0 = time.perf_counter()
+        before = dict(self._ops.counts)
+        start = cts[0] if self.program.manifest.layout == "single" else cts
+        result = execute(self.program, self._ops, start)
+        outs = [result] if self.program.manifest.layout == "single" else result
+        sections = {f"ct{i}": self.seal.dump(ct) for i, ct in enumerate(outs)}
+        self.last_run = RunStats(time.perf_counter() - t0,
+                                 {k: v - before.get(k, 0) for k, v in self._ops.counts.items()})
+        header = {"program_id": self.program.program_id, "params": fingerprint_params(self.program.params),
+                  "role": "output", "count": len(outs), "samples": samples}
+        log.info("evaluated program %s in %.2f s (%s)", self.program.program_id, self.last_run.seconds,
+                 self.last_run.counts)
+        return pack(KIND_CIPHERTEXT, header, sections)

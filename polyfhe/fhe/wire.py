@@ -1,0 +1,85 @@
+"""Byte containers that cross the client/server boundary: public contexts and ciphertext bundles.
+
+Layout: ``MAGIC`` (6 bytes) | kind (1 byte) | header length (uint32 LE) | JSON header | sections. The header
+names every section with its length; parsing checks magic, kind, sizes, section names and that the lengths
+add up, before any SEAL deserialiser sees a byte. A public context never has a ``secret_key`` section;
+one that does is refused with a message that says what to send instead.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+__all__ = ["KIND_CIPHERTEXT", "KIND_CONTEXT", "KIND_SECRET", "Container", "WireError", "pack", "unpack"]
+
+MAGIC = b"PFHE01"
+KIND_CONTEXT = b"P"  # public context: public key, relinearisation keys, Galois keys
+KIND_SECRET = b"S"  # the client's private backup (holds the secret key): never sent to a server
+KIND_CIPHERTEXT = b"C"
+MAX_HEADER = 1 << 20
+ALLOWED_SECTIONS = {
+    KIND_CONTEXT: {"public_key", "relin_keys", "galois_keys"},
+    KIND_SECRET: {"secret_key", "public_key", "relin_keys", "galois_keys"},
+    KIND_CIPHERTEXT: None,  # "ct0", "ct1", ... checked against the header's count
+}
+KIND_NAMES = {KIND_CONTEXT: "public context", KIND_SECRET: "secret (private) context", KIND_CIPHERTEXT: "ciphertext"}
+
+
+class WireError(ValueError):
+    """Malformed, truncated or mismatched bytes."""
+
+
+@dataclass(frozen=True)
+class Container:
+    kind: bytes
+    header: dict
+    sections: dict[str, bytes]
+
+
+def pack(kind: bytes, header: dict, sections: dict[str, bytes]) -> bytes:
+    head = dict(header)
+    head["sections"] = [[name, len(data)] for name, data in sections.items()]
+    raw = json.dumps(head, sort_keys=True).encode()
+    return b"".join([MAGIC, kind, struct.pack("<I", len(raw)), raw, *sections.values()])
+
+
+def unpack(data: bytes, expect: bytes, max_bytes: int | None = None) -> Container:
+    """Parse and validate a container of kind ``expect``; raises :class:`WireError` with the reason."""
+    what = KIND_NAMES[expect]
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError(f"expected bytes for a {what}, got {type(data).__name__}")
+    data = bytes(data)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise WireError(f"{what} of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
+    if len(data) < len(MAGIC) + 5 or not data.startswith(MAGIC):
+        raise WireError(f"not a polyfhe {what}: bad magic (expected bytes made by polyfhe's CKKSClient)")
+    kind = data[len(MAGIC): len(MAGIC) + 1]
+    if kind != expect:
+        if expect == KIND_CONTEXT and kind == KIND_SECRET:
+            raise WireError("this context holds a secret key; a server accepts only client.public_context()")
+        raise WireError(f"expected a {what}, got a {KIND_NAMES.get(kind, repr(kind))}")
+    (size,) = struct.unpack("<I", data[len(MAGIC) + 1: len(MAGIC) + 5])
+    start = len(MAGIC) + 5
+    if size > MAX_HEADER or start + size > len(data):
+        raise WireError(f"{what} header length {size} is invalid for {len(data)} bytes (truncated?)")
+    try:
+        header = json.loads(data[start: start + size])
+        sections_spec = [(str(n), int(k)) for n, k in header.pop("sections")]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WireError(f"{what} header is not valid: {exc}") from exc
+    allowed = ALLOWED_SECTIONS[expect]
+    sections: dict[str, bytes] = {}
+    pos = start + size
+    for name, length in sections_spec:
+        if allowed is not None and name not in allowed:
+            raise WireError(f"{what} has an unexpected section {name!r}; allowed: {sorted(allowed)}")
+        if length < 0 or pos + length > len(data):
+            raise WireError(f"{what} is truncated: section {name!r} needs {length} bytes, "
+                            f"{max(0, len(data) - pos)} left")
+        sections[name] = data[pos: pos + length]
+        pos += length
+    if pos != len(data):
+        raise WireError(f"{what} has {len(data) - pos} trailing bytes after its sections")
+    return Container(kind, header, sections)
