@@ -22,7 +22,13 @@ def _onnx_target(model: nn.Module, path: str | Path | None = None, input_shape: 
     return export_onnx(model, path, input_shape, **kwargs).path
 
 
-EXPORT_TARGETS: dict[str, Callable[..., Any]] = {"onnx": _onnx_target}
+def _ckks_target(model: Any, **kwargs: Any) -> Any:
+    from polyfhe.export.ckks import export_ckks
+
+    return export_ckks(model, **kwargs)
+
+
+EXPORT_TARGETS: dict[str, Callable[..., Any]] = {"onnx": _onnx_target, "ckks": _ckks_target}
 
 
 def export(model: nn.Module, target: str = "onnx", **kwargs: Any) -> Any:

@@ -129,6 +129,7 @@ def export_ckks(
         layout=layout, params=params, input_shape=tuple(circuit.input_shape), input_size=circuit.input_size,
         output_size=circuit.output_size, output=circuit.output, steps=tuple(plan.steps),
         galois_steps=tuple(plan.galois_steps), input_range=input_range, info=info,
+        input_slots=plan.input_slots, output_slots=plan.output_slots,
     )
     program = CKKSProgram.create(manifest, plan.arrays)
     log.info("CKKS program %s: %s, %s, depth %d, %d Galois keys", program.program_id, layout, params.describe(),

@@ -61,6 +61,7 @@ class Circuit:
     output_shape: tuple[int, ...]
     nodes: list[Node] = field(default_factory=list)
     sizes: dict[int, int] = field(default_factory=dict)
+    shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)  # register -> ONNX tensor shape
     output: int = 0
 
     @property

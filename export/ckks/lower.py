@@ -102,6 +102,7 @@ class _Lowering:
         self.circuit = Circuit(input_shape=shape, output_shape=())
         size = int(np.prod(shape))
         self.circuit.sizes[0] = size
+        self.circuit.shapes[0] = tuple(shape)
         self.env[name] = AffineExpr(shape, {0: np.eye(size).reshape((size, *shape))}, None)
         self._materialised: dict[int, tuple[AffineExpr, int]] = {}  # id(expr) -> (expr, register): reuse
 
@@ -230,6 +231,7 @@ class _Lowering:
         bias = None if expr.const is None or not np.any(expr.const) else expr.const.reshape(-1).copy()
         self.circuit.nodes.append(LinearNode(reg, inputs, matrices, bias, size, label))
         self.circuit.sizes[reg] = size
+        self.circuit.shapes[reg] = tuple(expr.shape)
         self._materialised[id(expr)] = (expr, reg)
         return reg
 
@@ -242,6 +244,7 @@ class _Lowering:
         size = int(np.prod(shape))
         self.circuit.nodes.append(MulNode(reg, a, b, size, label))
         self.circuit.sizes[reg] = size
+        self.circuit.shapes[reg] = tuple(shape)
         return reg
 
     def _product(self, node, a: AffineExpr, b: AffineExpr, out_shape) -> AffineExpr:
@@ -277,6 +280,7 @@ class _Lowering:
         size = int(np.prod(out_shape))
         self.circuit.nodes.append(MatMulNode(reg, ra, rb, a_expr.shape, b_expr.shape, tuple(out_shape), size, node.name))
         self.circuit.sizes[reg] = size
+        self.circuit.shapes[reg] = tuple(out_shape)
         return self._register_expr(reg, out_shape)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from polyfhe.export.ckks.affine import LoweringError
 from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
+from polyfhe.export.ckks.layout import choose_layouts
 from polyfhe.fhe.program import Step
 
 __all__ = ["Plan", "plan_batch", "plan_single"]
@@ -35,12 +36,13 @@ class Plan:
     arrays: dict[str, np.ndarray]
     galois_steps: list[int]
     stats: dict
+    input_slots: tuple[int, ...] = ()  # single layout: slot of each input element
+    output_slots: tuple[int, ...] = ()  # single layout: slot of each output element
 
 
-def _diagonals(matrix: np.ndarray, period: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """Non-zero period-P diagonals of ``matrix`` embedded in S x S: (offsets k, values (len(k), S))."""
-    rows, cols = np.nonzero(matrix)
-    vals = matrix[rows, cols]
+def _diagonals(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, period: int,
+               slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """Non-zero period-P diagonals of the S x S slot matrix given as triples: (offsets k, values (len(k), S))."""
     delta = (cols - rows) % slots
     ks = delta % period
     ts = rows + (delta // period) * period
@@ -50,27 +52,40 @@ def _diagonals(matrix: np.ndarray, period: int, slots: int) -> tuple[np.ndarray,
     return uniq.astype(np.int64), diags
 
 
+def _rotations(ks_list: list[np.ndarray], baby: int) -> int:
+    babies = sum(len(np.unique(ks % baby)) - (1 if np.any(ks % baby == 0) else 0) for ks in ks_list)
+    giant_ids = np.unique(np.concatenate([ks // baby for ks in ks_list]))
+    return babies + len(giant_ids) - (1 if giant_ids[0] == 0 else 0)
+
+
 def _baby_size(ks_list: list[np.ndarray], period: int) -> tuple[int, int]:
-    """Baby-step size (power of two) minimising baby + giant rotations over all terms of one map."""
-    best = (1 << 62, 1)
-    b = 1
-    while b <= period:
-        babies = sum(len(np.unique(ks % b)) - (1 if np.any(ks % b == 0) else 0) for ks in ks_list)
-        giants = len(np.unique(np.concatenate([ks // b for ks in ks_list])))
-        giants -= 1 if any(np.any(ks // b == 0) for ks in ks_list) else 0
-        best = min(best, (babies + giants, b))
-        b *= 2
+    """Baby-step size minimising baby + giant rotations over all terms of one map.
+
+    Every size up to ``period`` is tried, not only powers of two: channel mixing in a channel-major layout has
+    offsets ``j*T + small`` and splits best at a multiple of the token count T.
+    """
+    if not any(len(ks) for ks in ks_list):
+        return 1, 0
+    sizes = range(1, min(period, 512) + 1)
+    best = min((_rotations(ks_list, b), b) for b in sizes)
     return best[1], best[0]
 
 
-def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, steps_used: set) -> dict:
-    if node.size > slots or any(m.shape[1] > slots for m in node.matrices):
-        raise LoweringError(f"{node.label}: a tensor of {max(node.size, *[m.shape[1] for m in node.matrices])} "
-                            f"values does not fit {slots} slots; use a larger ring or layout='batch'")
-    period = 1 << max(0, (node.size - 1).bit_length())
+def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, steps_used: set,
+                        layouts: dict[int, np.ndarray]) -> dict:
+    slot_out = layouts[node.out]
+    widest = max(int(slot_out.max()), *[int(layouts[r].max()) for r in node.inputs]) + 1
+    if widest > slots:
+        raise LoweringError(f"{node.label}: a tensor of {widest} values does not fit {slots} slots; "
+                            "use a larger ring or layout='batch'")
+    triples = []
+    for reg, matrix in zip(node.inputs, node.matrices, strict=True):
+        rows, cols = np.nonzero(matrix)
+        triples.append((slot_out[rows], layouts[reg][cols], matrix[rows, cols]))
+    period = 1 << max(0, int(slot_out.max()).bit_length())
     best = None
     while period <= slots:
-        terms = [_diagonals(m, period, slots) for m in node.matrices]
+        terms = [_diagonals(r, c, v, period, slots) for r, c, v in triples]
         baby, rotations = _baby_size([ks for ks, _ in terms], period)
         reductions = int(np.log2(slots // period))
         products = sum(len(ks) for ks, _ in terms)
@@ -94,7 +109,9 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
         steps_used.add(step)
         step *= 2
     if node.bias is not None:
-        arrays[f"s{index}.bias"] = node.bias
+        bias = np.zeros(int(slot_out.max()) + 1)
+        bias[slot_out] = node.bias
+        arrays[f"s{index}.bias"] = bias
         attrs["bias"] = f"s{index}.bias"
     return attrs
 
@@ -118,12 +135,13 @@ def _plan_linear_batch(node: LinearNode, index: int, arrays: dict) -> dict:
 
 def _plan(circuit: Circuit, layout: str, slots: int) -> Plan:
     levels = circuit.levels()
+    layouts = choose_layouts(circuit, slots) if layout == "single" else {}
     steps: list[Step] = []
     arrays: dict[str, np.ndarray] = {}
     used: set[int] = set()
     for index, node in enumerate(circuit.nodes):
         if isinstance(node, LinearNode):
-            attrs = (_plan_linear_single(node, slots, index, arrays, used) if layout == "single"
+            attrs = (_plan_linear_single(node, slots, index, arrays, used, layouts) if layout == "single"
                      else _plan_linear_batch(node, index, arrays))
             attrs["label"] = node.label
             steps.append(Step("linear", node.out, tuple(node.inputs), node.size, levels[node.out], attrs))
@@ -143,6 +161,9 @@ def _plan(circuit: Circuit, layout: str, slots: int) -> Plan:
                                        if "ks" in t)),
         "galois_keys": len(used),
     }
+    if layout == "single":
+        return Plan(steps, arrays, sorted(used), stats, tuple(int(i) for i in layouts[0]),
+                    tuple(int(i) for i in layouts[circuit.output]))
     return Plan(steps, arrays, sorted(used), stats)
 
 

@@ -102,7 +102,9 @@ class CKKSClient:
         arr = self._check_input(x)
         sa = self.seal.sa
         if self.manifest.layout == "single":
-            columns = [arr[0]]
+            packed = np.zeros(self.seal.slots)
+            packed[list(self.manifest.input_slots)] = arr[0]  # the program's public slot packing
+            columns = [packed]
         else:
             columns = [arr[:, i] for i in range(arr.shape[1])]
         sections = {}
@@ -131,5 +133,5 @@ class CKKSClient:
             self._decryptor.decrypt(ct, pt)
             values.append(np.asarray(self.seal.encoder.decode_double(pt)))
         if self.manifest.layout == "single":
-            return values[0][: self.manifest.output_size].reshape(1, -1)
+            return values[0][list(self.manifest.output_slots)].reshape(1, -1)
         return np.stack([v[:samples] for v in values], axis=1)

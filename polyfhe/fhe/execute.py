@@ -214,8 +214,8 @@ def run_plain(program: CKKSProgram, x: np.ndarray) -> np.ndarray:
         outs = []
         for row in flat:
             vec = np.zeros(slots)
-            vec[: m.input_size] = row
-            outs.append(execute(program, NumpyOps(slots), vec)[: m.output_size])
+            vec[list(m.input_slots)] = row
+            outs.append(execute(program, NumpyOps(slots), vec)[list(m.output_slots)])
         return np.stack(outs)
     ops = NumpyOps(len(flat))
     result = execute(program, ops, [flat[:, i].copy() for i in range(m.input_size)])

@@ -68,6 +68,8 @@ class ProgramManifest:
     galois_steps: tuple[int, ...]
     input_range: tuple[float, float]
     info: dict[str, Any] = field(default_factory=dict)  # model name, degree, depth, calibration, errors
+    input_slots: tuple[int, ...] = ()  # single layout: the slot of each input element (public packing)
+    output_slots: tuple[int, ...] = ()  # single layout: the slot of each output element
     program_id: str = ""
     format: str = FORMAT
 
@@ -77,6 +79,7 @@ class ProgramManifest:
             "params": self.params.to_dict(), "input_shape": list(self.input_shape), "input_size": self.input_size,
             "output_size": self.output_size, "output": self.output, "steps": [s.to_dict() for s in self.steps],
             "galois_steps": list(self.galois_steps), "input_range": list(self.input_range), "info": self.info,
+            "input_slots": list(self.input_slots), "output_slots": list(self.output_slots),
         }
 
     @classmethod
@@ -94,6 +97,8 @@ class ProgramManifest:
                 galois_steps=tuple(int(g) for g in d["galois_steps"]),
                 input_range=(float(d["input_range"][0]), float(d["input_range"][1])),
                 info=dict(d.get("info", {})), program_id=str(d.get("program_id", "")),
+                input_slots=tuple(int(i) for i in d.get("input_slots", [])),
+                output_slots=tuple(int(i) for i in d.get("output_slots", [])),
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ProgramError(f"malformed program manifest: {type(exc).__name__}: {exc}") from exc
