@@ -27,6 +27,13 @@ __all__ = ["CKKSExportError", "LoweringError", "export_ckks", "to_onnx_model"]
 log = logging.getLogger(__name__)
 
 BATCH_MEMORY_BUDGET = 8 << 30  # bytes of live ciphertexts the batch layout may plan for
+GALOIS_KEY_BUDGET = 1 << 30  # bytes of Galois keys in a public context (beyond it, rotations are composed)
+
+
+def galois_key_bytes(params: CKKSParams) -> int:
+    """Serialized size of one Galois key (measured: ~21.5 MB at N=16384 with 11 primes, zstd)."""
+    primes = len(params.coeff_mod_bits)
+    return int(2 * params.poly_modulus_degree * 8 * (primes - 1) * primes * 0.75)
 
 
 class CKKSExportError(ValueError):
@@ -44,7 +51,7 @@ def to_onnx_model(model: Any, input_shape: tuple[int, ...] | None = None) -> tup
 
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model.onnx"
-            export_onnx(model, path, input_shape)
+            export_onnx(model, path, input_shape, require_polynomial=False)  # refused below, by name
             return onnx.load(str(path)), getattr(model, "model_name", type(model).__name__)
     name = Path(model).stem if isinstance(model, (str, Path)) else "onnx"
     return load_model(model), name
@@ -80,8 +87,15 @@ def export_ckks(
     scale_bits: int | None = None,
     allow_insecure: bool = False,
     batch_memory_budget: int = BATCH_MEMORY_BUDGET,
+    galois_key_budget: int = GALOIS_KEY_BUDGET,
 ) -> CKKSProgram:
-    """Compile ``model`` (module or ONNX) into a CKKS program for ``layout`` ("single" or "batch")."""
+    """Compile ``model`` (module or ONNX) into a CKKS program for ``layout`` ("single" or "batch").
+
+    ``calibration``: representative inputs (array) or a CalibrationResult; sets the output headroom.
+    ``params`` / ``poly_modulus_degree`` / ``scale_bits``: overrides (insecure ones need ``allow_insecure``).
+    ``galois_key_budget``: bytes of rotation keys in the public context; past it, rare rotations are
+    composed from power-of-two keys (slower, smaller upload).
+    """
     from polyfhe.analysis import analyze
 
     if layout not in LAYOUTS:
@@ -117,7 +131,8 @@ def export_ckks(
                 f"{circuit.max_size()} elements at {params.describe()}, over the {batch_memory_budget / 2**30:.1f} "
                 "GiB budget; use layout='single' or raise batch_memory_budget")
     try:
-        plan = plan_single(circuit, params.slots) if layout == "single" else plan_batch(circuit)
+        max_keys = max(2 * params.slots.bit_length(), galois_key_budget // galois_key_bytes(params))
+        plan = plan_single(circuit, params.slots, max_keys) if layout == "single" else plan_batch(circuit)
     except LoweringError as exc:
         raise CKKSExportError(f"{name}: {exc}") from exc
     info = {

@@ -14,6 +14,7 @@ batch: one slot per sample and one ciphertext per tensor element; linear maps ar
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +72,7 @@ def _baby_size(ks_list: list[np.ndarray], period: int) -> tuple[int, int]:
     return best[1], best[0]
 
 
-def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, steps_used: set,
+def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, steps_used: Counter,
                         layouts: dict[int, np.ndarray]) -> dict:
     slot_out = layouts[node.out]
     widest = max(int(slot_out.max()), *[int(layouts[r].max()) for r in node.inputs]) + 1
@@ -103,10 +104,10 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
         arrays[f"{name}.ks"] = ks
         attrs["terms"].append({"input": node.inputs[j], "diags": f"{name}.diags", "ks": f"{name}.ks"})
         steps_used.update(int(a) for a in np.unique(ks % baby) if a)
-        steps_used.update(int(g) for g in np.unique(giants) if g)
+    steps_used.update(int(g) for g in np.unique(np.concatenate([(ks // baby) * baby for ks, _ in terms])) if g)
     step = period
     while step < slots:
-        steps_used.add(step)
+        steps_used[step] += 1
         step *= 2
     if node.bias is not None:
         bias = np.zeros(int(slot_out.max()) + 1)
@@ -133,14 +134,17 @@ def _plan_linear_batch(node: LinearNode, index: int, arrays: dict) -> dict:
     return attrs
 
 
-def _plan(circuit: Circuit, layout: str, slots: int) -> Plan:
+def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None = None) -> Plan:
     levels = circuit.levels()
     layouts = choose_layouts(circuit, slots) if layout == "single" else {}
     steps: list[Step] = []
     arrays: dict[str, np.ndarray] = {}
-    used: set[int] = set()
+    used: Counter = Counter()
     for index, node in enumerate(circuit.nodes):
         if isinstance(node, LinearNode):
+            if not any(np.any(m) for m in node.matrices):
+                raise LoweringError(f"{node.label}: the linear map is identically zero (an untrained, zero-initialised "
+                                    "layer?), so its output is a constant; train or initialise the model first")
             attrs = (_plan_linear_single(node, slots, index, arrays, used, layouts) if layout == "single"
                      else _plan_linear_batch(node, index, arrays))
             attrs["label"] = node.label
@@ -159,16 +163,40 @@ def _plan(circuit: Circuit, layout: str, slots: int) -> Plan:
         "products": sum(s.op != "linear" for s in steps),
         "plaintext_diagonals": int(sum(len(arrays[t["ks"]]) for s in steps for t in s.attrs.get("terms", [])
                                        if "ks" in t)),
-        "galois_keys": len(used),
+        "rotation_steps": len(used),
     }
     if layout == "single":
-        return Plan(steps, arrays, sorted(used), stats, tuple(int(i) for i in layouts[0]),
+        keys = select_galois_steps(used, slots, max_galois_keys)
+        stats["galois_keys"] = len(keys)
+        return Plan(steps, arrays, keys, stats, tuple(int(i) for i in layouts[0]),
                     tuple(int(i) for i in layouts[circuit.output]))
     return Plan(steps, arrays, sorted(used), stats)
 
 
-def plan_single(circuit: Circuit, slots: int) -> Plan:
-    return _plan(circuit, "single", slots)
+def power_of_two_steps(slots: int) -> set[int]:
+    """Rotations by +-2^i: with these SEAL composes any rotation (NAF), a few key switches each."""
+    return {s * (1 << i) for i in range(max(1, slots.bit_length() - 1)) for s in (1, -1)}
+
+
+def select_galois_steps(used: Counter, slots: int, max_keys: int | None) -> list[int]:
+    """Exactly the steps used when they fit ``max_keys``; else +-2^i plus the most used steps.
+
+    Each Galois key is one key-switching key (about 21 MB at N=16384 with 11 primes), so an unbounded set
+    makes the public context gigabytes; a missing step is composed by SEAL from the power-of-two keys.
+    """
+    if max_keys is None or len(used) <= max_keys:
+        return sorted(used)
+    base = power_of_two_steps(slots)
+    if len(base) > max_keys:
+        raise LoweringError(f"max_galois_keys={max_keys} is below the {len(base)} power-of-two keys needed to "
+                            "compose every rotation")
+    extra = [s for s, _ in sorted(used.items(), key=lambda kv: (-kv[1], kv[0])) if s not in base
+             and (s - slots) not in base]
+    return sorted(base | set(extra[: max_keys - len(base)]))
+
+
+def plan_single(circuit: Circuit, slots: int, max_galois_keys: int | None = None) -> Plan:
+    return _plan(circuit, "single", slots, max_galois_keys)
 
 
 def plan_batch(circuit: Circuit) -> Plan:

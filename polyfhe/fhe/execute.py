@@ -18,6 +18,8 @@ from polyfhe.fhe.program import CKKSProgram, Step
 
 __all__ = ["NumpyOps", "SlotOps", "execute", "run_plain"]
 
+ZERO_ROW_WEIGHT = 2.0**-30
+
 
 class SlotOps(Protocol):
     slots: int
@@ -123,8 +125,9 @@ def _batch_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: dic
     bias = arrays[step.attrs["bias"]] if step.attrs.get("bias") else None
     out = []
     for i, acc in enumerate(rows):
-        if acc is None:  # an all-zero row: multiply any input by 0 to keep level and scale consistent
-            acc = ops.mul_scalar(ops.drop_to(regs[step.attrs["terms"][0]["input"]][0], target), 0.0)
+        if acc is None:  # an all-zero row: SEAL refuses a product by 0 (a transparent ciphertext), so take
+            # an input times ZERO_ROW_WEIGHT: the row is off by at most 1e-9 x that input, far below CKKS noise
+            acc = ops.mul_scalar(ops.drop_to(regs[step.attrs["terms"][0]["input"]][0], target), ZERO_ROW_WEIGHT)
         if bias is not None and bias[i] != 0.0:
             acc = ops.add_vector(acc, np.full(ops.slots, bias[i]), (step.out, "bias", i))
         out.append(ops.rescale(acc))

@@ -1,0 +1,314 @@
+"""``polyfhe export MODEL --target onnx|ckks --out DIR``: zoo model, checkpoint or ONNX file -> ONNX or CKKS.
+
+MODEL is a zoo name, a checkpoint folder (``config.json`` + ``model.safetensors``) or an ``.onnx`` file.
+For ``--target ckks`` the compiled program (``manifest.json`` + ``arrays.npz``) is written to DIR and
+``polyfhe run DIR --input FILE`` runs it encrypted. Calibration data fix the CKKS value ranges (and, for an
+untrained zoo model, its BatchNorm statistics): a dataset name (``digits``, ``fashion-mnist``, ...), a
+dataset path, or an ``.npy``/``.npz`` file of images shaped like the model input.
+
+Exit codes: 0 exported; 1 the model cannot be exported (not polynomial, no CKKS parameters fit);
+2 bad input (missing file, unknown model, calibration data of the wrong shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_NOT_EXPORTABLE", "ExportInputError", "add_parser", "load_calibration",
+           "read_array", "resolve_model", "run"]
+
+log = logging.getLogger(__name__)
+
+EXIT_NOT_EXPORTABLE = 1
+EXIT_BAD_INPUT = 2
+DEFAULT_SAMPLES = 256
+# Calibration source used when none is given, by model input shape (C, H, W).
+DEFAULT_CALIBRATION: dict[tuple[int, ...], str] = {(1, 8, 8): "digits", (1, 28, 28): "fashion-mnist"}
+
+
+class ExportInputError(ValueError):
+    """The model or calibration data cannot be read or do not fit each other (exit code 2)."""
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("export", description=__doc__,
+                              help="export a zoo model, checkpoint or ONNX file to ONNX or a CKKS program",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", metavar="MODEL_OR_ONNX", help="zoo name, checkpoint folder or .onnx file")
+    p.add_argument("--target", choices=("onnx", "ckks"), default="ckks",
+                   help="what to produce (default ckks)")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
+    p.add_argument("--layout", choices=("single", "batch"), default="single",
+                   help="ckks: one sample per ciphertext (low latency) or one sample per slot (throughput)")
+    p.add_argument("--calibration", metavar="SOURCE_OR_NPY",
+                   help="dataset name/path or .npy/.npz images "
+                        "(default: digits for 1x8x8, fashion-mnist for 1x28x28)")
+    p.add_argument("--samples", type=_positive, default=DEFAULT_SAMPLES, metavar="N",
+                   help=f"calibration samples to use (default {DEFAULT_SAMPLES})")
+    p.add_argument("--img-size", type=_positive, metavar="S", help="zoo models: input resolution")
+    p.add_argument("--in-chans", type=_positive, metavar="C", help="zoo models: input channels")
+    p.add_argument("--num-classes", type=_positive, metavar="K", help="zoo models: classifier outputs")
+    p.add_argument("--checkpoint", type=Path, metavar="DIR",
+                   help="load trained weights for the zoo model MODEL")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from polyfhe.export.ckks import CKKSExportError
+
+    console = Console(width=140)
+    try:
+        model, name, trained = resolve_model(args)
+        shape = _input_shape(model)
+        calibration = _calibration_for(args, shape, needs_data=not trained)
+        if not trained:
+            _fill_batchnorm_statistics(model, calibration)
+            console.print(f"[yellow]warning:[/] {name} is an untrained zoo model: its predictions are chance "
+                          "level (train it with `polyfhe train` and pass the checkpoint folder)")
+        if args.target == "onnx":
+            return _export_onnx(console, model, name, shape, args.out)
+        return _export_ckks(console, model, name, shape, calibration, args)
+    except ExportInputError as exc:
+        return _fail(str(exc), EXIT_BAD_INPUT)
+    except CKKSExportError as exc:
+        return _fail(str(exc), EXIT_NOT_EXPORTABLE)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# model and calibration data
+# ----------------------------------------------------------------------------------------------------------
+def resolve_model(args: argparse.Namespace) -> tuple[Any, str, bool]:
+    """(nn.Module or .onnx path, display name, trained?) for MODEL_OR_ONNX and ``--checkpoint``."""
+    target = str(args.model)
+    path = Path(target)
+    overrides = {k: v for k, v in (("img_size", args.img_size), ("in_chans", args.in_chans),
+                                   ("num_classes", args.num_classes)) if v is not None}
+    if path.suffix.lower() == ".onnx":
+        if not path.is_file():
+            raise ExportInputError(f"ONNX file {path} does not exist")
+        if overrides or args.checkpoint:
+            raise ExportInputError("--img-size/--in-chans/--num-classes/--checkpoint apply to zoo models, "
+                                   f"not to the ONNX file {path}")
+        return path, path.stem, True
+    if path.is_dir() or args.checkpoint is not None:
+        return _from_checkpoint(args.checkpoint or path, None if path.is_dir() else target, overrides)
+    from polyfhe.models.registry import create_model
+
+    try:
+        model = create_model(target, **overrides)
+    except KeyError as exc:
+        raise ExportInputError(f"{target!r} is not a file, a checkpoint folder or a zoo model: "
+                               f"{exc.args[0]}") from None
+    except (TypeError, ValueError) as exc:
+        raise ExportInputError(f"cannot build zoo model {target!r} with {overrides}: {exc}") from exc
+    return model.eval(), target, False
+
+
+def _from_checkpoint(directory: Path, expect: str | None, overrides: dict) -> tuple[Any, str, bool]:
+    try:
+        from polyfhe.checkpoint import CheckpointError, load_checkpoint
+    except ImportError as exc:  # the checkpoint module lands with training
+        raise ExportInputError(f"checkpoint folders need polyfhe.checkpoint ({exc})") from exc
+    try:
+        model, info = load_checkpoint(directory, expect_model=expect)
+    except CheckpointError as exc:
+        raise ExportInputError(str(exc)) from exc
+    from polyfhe.models.registry import model_entry
+
+    built = {**model_entry(info.model_name).default_cfg, **info.model_kwargs}
+    clash = {k: v for k, v in overrides.items() if built.get(k) != v}
+    if clash:
+        raise ExportInputError(f"checkpoint {directory} was built with "
+                               f"{ {k: built.get(k) for k in clash} }; the overrides {clash} do not fit it")
+    return model.eval(), info.model_name, True
+
+
+def _input_shape(model: Any) -> tuple[int, ...] | None:
+    """(C, H, W) of a module or ONNX file; None when the graph leaves it symbolic."""
+    if not isinstance(model, Path):
+        shape = getattr(model, "input_shape", None)
+        return tuple(int(s) for s in shape) if shape is not None else None
+    import onnx
+
+    try:
+        graph = onnx.load(str(model), load_external_data=False).graph
+    except Exception as exc:  # protobuf raises several types on corrupt files
+        raise ExportInputError(f"{model} is not a readable ONNX model: {type(exc).__name__}: {exc}") from exc
+    initializers = {t.name for t in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in initializers]
+    if not inputs:
+        raise ExportInputError(f"{model} has no graph input")
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in inputs[0].type.tensor_type.shape.dim]
+    return tuple(dims[1:]) if dims and all(d for d in dims[1:]) else None
+
+
+def read_array(path: Path) -> np.ndarray:
+    """An .npy array, or array ``x`` (or the only array) of an .npz; never unpickles."""
+    data = np.load(path, allow_pickle=False)
+    if isinstance(data, np.ndarray):
+        return data
+    with data:
+        if "x" not in data.files and len(data.files) != 1:
+            raise ValueError(f"{path} holds arrays {data.files}; expected one named 'x'")
+        return data["x" if "x" in data.files else data.files[0]]
+
+
+def load_calibration(spec: str, samples: int) -> np.ndarray:
+    """First ``samples`` images of a dataset (train split) or of an .npy/.npz file, as float32."""
+    path = Path(spec).expanduser()
+    if path.suffix.lower() in (".npy", ".npz"):
+        if not path.is_file():
+            raise ExportInputError(f"calibration file {path} does not exist")
+        try:
+            x = read_array(path)
+        except (ValueError, OSError) as exc:
+            raise ExportInputError(f"cannot read calibration file {path}: {exc}") from exc
+    else:
+        from polyfhe.data.sources import open_dataset
+
+        try:
+            x = open_dataset(spec).x_train
+        except (FileNotFoundError, ValueError) as exc:
+            raise ExportInputError(f"calibration data {spec!r}: {exc}") from exc
+    x = np.asarray(x)
+    if x.dtype.kind not in "fiu" or x.size == 0:
+        raise ExportInputError(f"calibration data {spec!r} must be a non-empty numeric array, got {x.dtype}")
+    return x[:samples].astype(np.float32)
+
+
+def _calibration_for(args: argparse.Namespace, shape: tuple[int, ...] | None,
+                     needs_data: bool) -> np.ndarray | None:
+    """The calibration images reshaped to ``shape``; an untrained model needs them for its BatchNorm."""
+    spec = args.calibration
+    if spec is None:
+        spec = DEFAULT_CALIBRATION.get(tuple(shape or ()))
+        if spec is None:
+            if needs_data:
+                raise ExportInputError(f"no default calibration data for input shape {shape}; pass "
+                                       "--calibration (a dataset name or an .npy/.npz of images)")
+            return None
+        log.info("calibrating on %s (the default for input shape %s)", spec, shape)
+    x = load_calibration(spec, args.samples)
+    if shape is None:
+        return x
+    per_sample = int(np.prod(shape))
+    if x.ndim >= 2 and int(np.prod(x.shape[1:])) == per_sample:
+        return x.reshape((-1, *shape))
+    raise ExportInputError(f"calibration samples of shape {tuple(x.shape[1:])} do not fit the model input "
+                           f"{tuple(shape)}; use data of that shape "
+                           "(or --img-size/--in-chans for zoo models)")
+
+
+def _fill_batchnorm_statistics(model: Any, x: np.ndarray | None, batch: int = 128) -> None:
+    """Running mean/variance from the calibration images, so an untrained model folds to sane affine maps."""
+    import torch
+    from torch import nn
+
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms or x is None:
+        return
+    for bn in norms:
+        bn.reset_running_stats()
+        bn.momentum = None  # cumulative average over all batches
+        bn.train()
+    with torch.no_grad():
+        for start in range(0, len(x), batch):
+            model(torch.from_numpy(x[start: start + batch]))
+    model.eval()
+    log.info("BatchNorm statistics of %d layers filled from %d calibration images", len(norms), len(x))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# targets
+# ----------------------------------------------------------------------------------------------------------
+def _export_onnx(console: Any, model: Any, name: str, shape: tuple[int, ...] | None, out: Path) -> int:
+    if isinstance(model, Path):
+        raise ExportInputError(f"{model} is already ONNX; use --target ckks to compile it")
+    from polyfhe.export.onnx import ExportError, export_onnx
+
+    try:
+        result = export_onnx(model, out / f"{name}.onnx", shape)
+    except ExportError as exc:
+        return _fail(str(exc), EXIT_NOT_EXPORTABLE)
+    rep = result.analysis
+    console.print(f"[green]wrote[/] {result.path}: opset {result.opset}, input {result.input_shape}, "
+                  f"onnxruntime vs torch max relative error {result.max_rel_error:.1e}")
+    console.print(f"polynomial={rep.polynomial}, degree {rep.degree}, ct x ct depth {rep.mult_depth}, "
+                  f"CKKS levels {rep.levels}")
+    return 0
+
+
+def _export_ckks(console: Any, model: Any, name: str, shape: tuple[int, ...] | None,
+                 calibration: np.ndarray | None, args: argparse.Namespace) -> int:
+    from polyfhe.export.ckks import export_ckks
+
+    kwargs = {} if isinstance(model, Path) else {"input_shape": shape}
+    program = export_ckks(model, calibration=calibration, layout=args.layout, **kwargs)
+    program.save(args.out)
+    console.print(summary_table(program, args.out, name))
+    console.print(f"[green]saved[/] CKKS program to {args.out}; run it with "
+                  f"`polyfhe run {args.out} --input IMAGE.png|X.npy`")
+    return 0
+
+
+def estimated_sizes(params: Any, galois_keys: int) -> dict[str, int]:
+    """Uncompressed SEAL sizes in bytes (serialised zstd objects come out 10-40% smaller)."""
+    n, primes = params.poly_modulus_degree, len(params.coeff_mod_bits)
+    ciphertext = 2 * n * (primes - 1) * 8
+    key = (primes - 1) * 2 * n * primes * 8  # one key-switching key: a ciphertext per data prime
+    return {"ciphertext": ciphertext, "public_context": (galois_keys + 1) * key + 2 * n * primes * 8}
+
+
+def summary_table(program: Any, out: Path, name: str) -> Any:
+    from rich.table import Table
+
+    m = program.manifest
+    info, p = m.info, m.params
+    sizes = estimated_sizes(p, len(m.galois_steps))
+    ciphertexts = 1 if m.layout == "single" else m.input_size
+    disk = sum(f.stat().st_size for f in Path(out).iterdir() if f.is_file())
+    rows = [
+        ("model", name), ("program id", m.program_id), ("layout", m.layout),
+        ("input shape", " x ".join(map(str, m.input_shape))), ("outputs", m.output_size),
+        ("ring N", p.poly_modulus_degree), ("slots", p.slots),
+        ("modulus chain (bits)", f"{list(p.coeff_mod_bits)} = {p.total_bits} (security {p.security})"),
+        ("scale", f"2^{p.scale_bits}"), ("levels used / available", f"{m.depth} / {p.levels}"),
+        ("degree", info.get("degree", "-")), ("linear maps / ct x ct products",
+                                             f"{info.get('linear_maps', '-')} / {info.get('products', '-')}"),
+        ("plaintext diagonals", info.get("plaintext_diagonals", "-")), ("Galois keys", len(m.galois_steps)),
+        ("calibration", f"{info.get('samples', 0)} samples, inputs in "
+         f"[{m.input_range[0]:.3g}, {m.input_range[1]:.3g}]" if info.get("calibrated")
+         else "none (assumed inputs in [0, 1])"),
+        ("program on disk", _mb(disk)), ("public context (est.)", f"~{_mb(sizes['public_context'])}"),
+        ("input ciphertexts (est.)", f"~{_mb(sizes['ciphertext'] * ciphertexts)}"),
+    ]
+    table = Table(title="CKKS program", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for key, value in rows:
+        table.add_row(key, str(value))
+    return table
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value

@@ -1,0 +1,200 @@
+"""``polyfhe run DIR --input FILE``: encrypt an input, evaluate the CKKS program on it, decrypt, and check.
+
+Plays both roles in one process, as a demonstration: the client generates keys and encrypts, the server
+sees only the public context and ciphertexts, the client decrypts. The result is compared with the
+compiled program run on plaintext (``run_plain``). FILE is an ``.npy`` array, an ``.npz`` with array ``x``
+(its first sample; all samples for a batch-layout program) or an image (``.png``/``.jpg``: converted to the
+program's channels and size, scaled to [0, 1]).
+
+Exit codes: 0 ran; 2 bad input (missing or unreadable program or file, wrong shape, not an image).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["EXIT_BAD_INPUT", "READERS", "RunInputError", "add_parser", "read_input", "run"]
+
+EXIT_BAD_INPUT = 2
+SHOWN_SAMPLES = 16
+
+
+class RunInputError(ValueError):
+    """An input file that is missing, unreadable or does not fit the program (exit code 2)."""
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("run", description=__doc__,
+                              help="run a CKKS program on an encrypted input and report timings and sizes",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("program", metavar="DIR", type=Path, help="program folder written by `polyfhe export`")
+    p.add_argument("--input", required=True, type=Path, metavar="FILE", help="input: .npy, .npz or .png/.jpg")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.set_defaults(func=run)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# input readers: file -> (samples, C, H, W) float64, checked against the program
+# ----------------------------------------------------------------------------------------------------------
+def _read_npy(path: Path, manifest: Any) -> np.ndarray:
+    return _fit(np.load(path, allow_pickle=False), manifest, path, all_samples=True)
+
+
+def _read_npz(path: Path, manifest: Any) -> np.ndarray:
+    with np.load(path, allow_pickle=False) as data:
+        if "x" not in data.files:
+            raise RunInputError(f"{path} holds arrays {data.files}; expected one named 'x'")
+        x = data["x"]
+    batch = manifest.layout == "batch"
+    if not batch and x.size != manifest.input_size:
+        x = x[:1]  # a stack of samples: the single layout takes the first
+    return _fit(x, manifest, path, all_samples=batch)
+
+
+def _read_image(path: Path, manifest: Any) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    c, h, w = _chw(manifest)
+    modes = {1: "L", 3: "RGB"}
+    if c not in modes:
+        raise RunInputError(f"the program takes {c} input channels; images work only for 1 (grayscale) "
+                            "or 3 (RGB)")
+    try:
+        with Image.open(path) as img:
+            img = img.convert(modes[c]).resize((w, h), Image.Resampling.BILINEAR)
+            arr = np.asarray(img, dtype=np.float64) / 255.0
+    except (UnidentifiedImageError, OSError) as exc:
+        raise RunInputError(f"{path} is not a readable image: {exc}") from exc
+    arr = arr[None] if c == 1 else arr.transpose(2, 0, 1)
+    return arr.reshape(1, c, h, w)
+
+
+READERS: dict[str, Callable[[Path, Any], np.ndarray]] = {
+    ".npy": _read_npy, ".npz": _read_npz, ".png": _read_image, ".jpg": _read_image, ".jpeg": _read_image,
+}
+
+
+def _chw(manifest: Any) -> tuple[int, ...]:
+    shape = tuple(manifest.input_shape[1:])
+    return shape if len(shape) == 3 else (1, 1, int(np.prod(shape)))
+
+
+def _fit(x: np.ndarray, manifest: Any, path: Path, all_samples: bool) -> np.ndarray:
+    """Reshape to (samples, *input_shape[1:]); one sample for the single layout."""
+    shape = tuple(manifest.input_shape[1:])
+    x = np.asarray(x)
+    if x.dtype.kind not in "fiub":
+        raise RunInputError(f"{path} holds {x.dtype} values; expected real numbers")
+    n = manifest.input_size
+    if x.size == n:
+        return x.astype(np.float64).reshape(1, *shape)
+    stacked = x.ndim >= 2 and int(np.prod(x.shape[1:])) == n
+    if stacked and all_samples and manifest.layout == "batch":
+        if len(x) > manifest.params.slots:
+            raise RunInputError(f"{path} holds {len(x)} samples; one ciphertext takes at most "
+                                f"{manifest.params.slots}")
+        return x.astype(np.float64).reshape(-1, *shape)
+    what = "one sample" if manifest.layout == "single" else f"up to {manifest.params.slots} samples"
+    raise RunInputError(f"{path} holds an array of shape {x.shape}; this {manifest.layout}-layout program "
+                        f"takes {what} of shape {shape} ({n} values each)")
+
+
+def read_input(path: Path, manifest: Any) -> np.ndarray:
+    """Read ``path`` with the reader its suffix names; raises :class:`RunInputError` with the reason."""
+    if not path.is_file():
+        raise RunInputError(f"input file {path} does not exist")
+    reader = READERS.get(path.suffix.lower())
+    if reader is None:
+        raise RunInputError(f"cannot read {path.name}: accepted inputs are {', '.join(READERS)}")
+    try:
+        return reader(path, manifest)
+    except (ValueError, OSError) as exc:
+        if isinstance(exc, RunInputError):
+            raise
+        raise RunInputError(f"cannot read {path}: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    from polyfhe.fhe.client import InputError
+    from polyfhe.fhe.program import ProgramError, load_program
+
+    try:
+        program = load_program(args.program)
+        x = read_input(Path(args.input), program.manifest)
+    except (ProgramError, RunInputError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        result = encrypted_run(program, x)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    result["input"] = str(args.input)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _render(result)
+    return 0
+
+
+def encrypted_run(program: Any, x: np.ndarray) -> dict:
+    """Keys, encrypt, evaluate, decrypt; timings in seconds, sizes in bytes, error against ``run_plain``."""
+    client = program.client()
+    context = client.public_context()
+    server = program.server(context)
+    t0 = time.perf_counter()
+    query = client.encrypt(x[0] if program.manifest.layout == "single" else x)
+    t1 = time.perf_counter()
+    answer = server.run(query)
+    t2 = time.perf_counter()
+    logits = client.decrypt(answer)
+    t3 = time.perf_counter()
+    plain = program.run_plain(x)
+    return {
+        "program_id": program.program_id, "layout": program.manifest.layout,
+        "params": program.params.describe(), "samples": len(logits),
+        "classes": logits.argmax(axis=1).tolist(), "plain_classes": plain.argmax(axis=1).tolist(),
+        "logits": logits.tolist(), "max_abs_error": float(np.abs(logits - plain).max()),
+        "timings": {"keygen": client.keygen_seconds, "encrypt": t1 - t0, "evaluate": server.last_run.seconds,
+                    "server_total": t2 - t1, "decrypt": t3 - t2},
+        "sizes": {"public_context": len(context), "input_ciphertext": len(query),
+                  "output_ciphertext": len(answer)},
+        "counts": server.last_run.counts,
+    }
+
+
+def _render(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=140)
+    console.print(f"program {r['program_id']} ({r['layout']}): {r['params']}")
+    if r["samples"] == 1:
+        console.print(f"class: {r['classes'][0]}")
+        console.print("logits: " + " ".join(f"{v:.5g}" for v in r["logits"][0]))
+    else:
+        agree = sum(a == b for a, b in zip(r["classes"], r["plain_classes"]))
+        console.print(f"classes of {r['samples']} samples (encrypted agrees with plaintext on {agree}):")
+        table = Table("sample", "class", "logits")
+        for i in range(min(r["samples"], SHOWN_SAMPLES)):
+            table.add_row(str(i), str(r["classes"][i]), " ".join(f"{v:.4g}" for v in r["logits"][i]))
+        console.print(table)
+    console.print(f"max abs error vs plaintext program: {r['max_abs_error']:.2e}")
+    table = Table(title="timings and sizes", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    for key, value in r["timings"].items():
+        table.add_row(f"{key.replace('_', ' ')} time", f"{value * 1000:.1f} ms")
+    for key, value in r["sizes"].items():
+        table.add_row(key.replace("_", " "), f"{value / 1e6:.3f} MB")
+    table.add_row("operations", ", ".join(f"{k} {v}" for k, v in r["counts"].items()))
+    console.print(table)

@@ -1,0 +1,63 @@
+"""Small polynomial models for the CKKS tests, trained briefly on scikit-learn digits (8x8)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+from torch import nn
+
+from polyfhe.data.sources import load_digits
+
+
+class Square(nn.Module):
+    def forward(self, x):
+        return x * x
+
+
+class Cube(nn.Module):
+    def forward(self, x):
+        return torch.pow(x, 3)
+
+
+@functools.lru_cache(maxsize=1)
+def digits():
+    data = load_digits()
+    return data.x_train.astype(np.float64), data.y_train, data.x_test.astype(np.float64), data.y_test
+
+
+def train(model: nn.Module, epochs: int = 30, lr: float = 0.01) -> nn.Module:
+    """A few full-batch AdamW steps: enough for the tests to check real decisions, not chance."""
+    x, y, _, _ = digits()
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.long)
+    model.train()
+    for _ in range(epochs):
+        for i in range(0, len(xt), 256):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(xt[i:i + 256]), yt[i:i + 256]).backward()
+            opt.step()
+    return model.eval()
+
+
+def digits_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return train(nn.Sequential(nn.Flatten(), nn.Linear(64, 32), Square(), nn.Linear(32, 10)))
+
+
+def square_cnn() -> nn.Module:
+    """Depthwise, dilated and strided convolutions, BN, x^2, x^3 via Pow, average pooling, a Gemm head."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), Square(),
+        nn.Conv2d(4, 4, 3, padding=2, dilation=2, groups=4), nn.Conv2d(4, 6, 3, stride=2, padding=1),
+        nn.BatchNorm2d(6), Cube(), nn.AvgPool2d(2), nn.Flatten(), nn.Linear(24, 10),
+    )
+    return train(model, epochs=20, lr=0.005)
+
+
+def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
+    with torch.no_grad():
+        return float((model(torch.tensor(x, dtype=torch.float32)).argmax(1).numpy() == y).mean())

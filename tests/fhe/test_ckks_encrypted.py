@@ -1,0 +1,156 @@
+"""Encrypted inference end to end (TenSEAL/SEAL): agreement with plaintext, and bad bytes rejected."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from ckks_testlib import accuracy, digits, digits_mlp, square_cnn
+
+from polyfhe.export.ckks import export_ckks
+from polyfhe.fhe.client import InputError
+from polyfhe.fhe.seal_backend import SerializationError
+from polyfhe.fhe.wire import WireError
+from polyfhe.models.registry import create_model
+
+pytestmark = pytest.mark.fhe
+log = logging.getLogger(__name__)
+
+
+def _plain(model, x):
+    with torch.no_grad():
+        return model(torch.tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
+
+
+@pytest.fixture(scope="module")
+def mlp_single():
+    model = digits_mlp()
+    _, _, x, _ = digits()
+    prog = export_ckks(model, calibration=x[:128], layout="single", input_shape=(1, 8, 8))
+    client = prog.client()
+    return model, prog, client, prog.server(client.public_context())
+
+
+def test_digits_mlp_single_agrees_on_100_samples(mlp_single):
+    model, prog, client, server = mlp_single
+    _, _, x, y = digits()
+    x = x[:100]
+    enc = np.concatenate([client.decrypt(server.run(client.encrypt(row))) for row in x])
+    plain = _plain(model, x)
+    err = float(np.abs(enc - plain).max())
+    log.info("digits MLP single: max abs error %.3g, plaintext accuracy %.3f", err, accuracy(model, x, y[:100]))
+    assert accuracy(model, x, y[:100]) > 0.8  # a real, trained decision is being compared
+    assert np.array_equal(enc.argmax(1), plain.argmax(1))
+    assert err < 1e-3
+
+
+@pytest.mark.parametrize("build", [digits_mlp, square_cnn], ids=["mlp", "cnn"])
+def test_batch_layout_agrees_on_the_whole_test_split(build):
+    model = build()
+    _, _, x, y = digits()
+    prog = export_ckks(model, calibration=x[:128], layout="batch", input_shape=(1, 8, 8))
+    client = prog.client()
+    server = prog.server(client.public_context())
+    enc = client.decrypt(server.run(client.encrypt(x)))
+    plain = _plain(model, x)
+    assert enc.shape == plain.shape == (len(x), 10)
+    assert accuracy(model, x, y) > 0.7
+    assert np.array_equal(enc.argmax(1), plain.argmax(1))
+    assert np.abs(enc - plain).max() < 1e-2 * max(1.0, np.abs(plain).max())
+
+
+def test_square_cnn_single_agrees():
+    model = square_cnn()
+    _, _, x, _ = digits()
+    prog = export_ckks(model, calibration=x[:128], input_shape=(1, 8, 8))
+    client = prog.client()
+    server = prog.server(client.public_context())
+    enc = np.concatenate([client.decrypt(server.run(client.encrypt(row))) for row in x[:12]])
+    plain = _plain(model, x[:12])
+    assert np.array_equal(enc.argmax(1), plain.argmax(1))
+    assert np.abs(enc - plain).max() < 1e-2 * max(1.0, np.abs(plain).max())
+
+
+def _calibrated_zoo(name: str) -> torch.nn.Module:
+    """A zoo FHE recipe at 8x8 with BN statistics from digits (untrained weights, random head)."""
+    torch.manual_seed(0)
+    model = create_model(name, img_size=8)
+    x, _, _, _ = digits()
+    model.train()
+    for m in model.modules():
+        if getattr(m, "momentum", None) is not None:
+            m.momentum = 1.0  # one batch: the statistics of exactly these images
+    with torch.no_grad():
+        model(torch.tensor(x[:256], dtype=torch.float32))
+        for p in model.parameters():
+            if p.dim() >= 2 and not p.abs().sum():
+                p.normal_(0, 0.05)  # the reference init zeroes the head: give it a decision to compare
+    return model.eval()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["monet_fhe_bn", "cpolynext_fhe_bn"])
+def test_zoo_fhe_recipe_encrypted_matches_plaintext(name):
+    model = _calibrated_zoo(name)
+    _, _, x, _ = digits()
+    prog = export_ckks(model, calibration=x[:64])
+    assert prog.params.security == "tc128" and prog.params.levels <= 19
+    plain = _plain(model, x[:3])
+    np.testing.assert_allclose(prog.run_plain(x[:3]), plain, rtol=1e-3, atol=1e-4)
+    client = prog.client()
+    server = prog.server(client.public_context())
+    enc = np.concatenate([client.decrypt(server.run(client.encrypt(row))) for row in x[:3]])
+    assert np.array_equal(enc.argmax(1), plain.argmax(1))
+    assert np.abs(enc - plain).max() < 1e-2 * max(1.0, np.abs(plain).max())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bad bytes and bad inputs
+# ---------------------------------------------------------------------------------------------------------------
+def test_server_refuses_secret_context(mlp_single):
+    _, prog, client, _ = mlp_single
+    with pytest.raises(WireError, match="secret key"):
+        prog.server(client.secret_context())
+
+
+@pytest.mark.parametrize("mangle", [
+    lambda b: b"garbage" * 20,
+    lambda b: b[: len(b) // 2],
+    lambda b: b[:40] + bytes(len(b) - 40),
+    lambda b: b + b"x",
+], ids=["garbage", "truncated", "zeroed", "trailing"])
+def test_bad_ciphertexts_are_rejected(mlp_single, mangle):
+    _, _, client, server = mlp_single
+    _, _, x, _ = digits()
+    good = client.encrypt(x[0])
+    with pytest.raises((WireError, SerializationError)):
+        server.run(mangle(good))
+    assert client.decrypt(server.run(good)).shape == (1, 10)  # the server keeps serving
+
+
+def test_ciphertext_and_context_from_another_program_rejected(mlp_single):
+    _, prog, client, server = mlp_single
+    _, _, x, _ = digits()
+    other = export_ckks(square_cnn(), calibration=x[:32], input_shape=(1, 8, 8))
+    other_client = other.client()
+    with pytest.raises(WireError, match="program"):
+        server.run(other_client.encrypt(x[0]))
+    with pytest.raises(WireError, match="program"):
+        prog.server(other_client.public_context())
+    with pytest.raises(WireError):
+        client.decrypt(other_client.encrypt(x[0]))
+
+
+def test_bad_inputs_have_clear_errors(mlp_single, caplog):
+    _, _, client, _ = mlp_single
+    with pytest.raises(InputError, match="64 values"):
+        client.encrypt(np.zeros(63))
+    with pytest.raises(InputError, match="dtype"):
+        client.encrypt(np.array(["a"] * 64))
+    with pytest.raises(InputError, match="NaN"):
+        client.encrypt(np.full(64, np.nan))
+    with caplog.at_level(logging.WARNING):
+        client.encrypt(np.full(64, 50.0))
+    assert "calibrated range" in caplog.text
