@@ -72,8 +72,13 @@ def _baby_size(ks_list: list[np.ndarray], period: int) -> tuple[int, int]:
     return best[1], best[0]
 
 
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n - 1).bit_length())
+
+
 def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, steps_used: Counter,
-                        layouts: dict[int, np.ndarray]) -> dict:
+                        layouts: dict[int, np.ndarray], periods: dict[int, int]) -> dict:
+    """Plan one map; ``periods[r]``: register r repeats every periods[r] slots (the input is replicated)."""
     slot_out = layouts[node.out]
     widest = max(int(slot_out.max()), *[int(layouts[r].max()) for r in node.inputs]) + 1
     if widest > slots:
@@ -83,22 +88,26 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
     for reg, matrix in zip(node.inputs, node.matrices, strict=True):
         rows, cols = np.nonzero(matrix)
         triples.append((slot_out[rows], layouts[reg][cols], matrix[rows, cols]))
-    period = 1 << max(0, int(slot_out.max()).bit_length())
+    space = max(_pow2_at_least(int(slot_out.max()) + 1), *[periods[r] for r in node.inputs])
+    period = _pow2_at_least(int(slot_out.max()) + 1)
     best = None
-    while period <= slots:
-        terms = [_diagonals(r, c, v, period, slots) for r, c, v in triples]
+    while period <= space:
+        terms = [_diagonals(r, c, v, period, space) for r, c, v in triples]
         baby, rotations = _baby_size([ks for ks, _ in terms], period)
-        reductions = int(np.log2(slots // period))
+        reductions = int(np.log2(space // period))
         products = sum(len(ks) for ks, _ in terms)
         cost = products + ROTATION_COST * (rotations + reductions)
         if best is None or cost < best[0]:
             best = (cost, period, baby, terms)
         period *= 2
     _, period, baby, terms = best
-    attrs = {"period": period, "baby": baby, "terms": [], "bias": None}
+    attrs = {"period": period, "space": space, "baby": baby, "terms": [], "bias": None}
+    periods[node.out] = period
+    tiles = slots // space
     for j, (ks, diags) in enumerate(terms):
         giants = (ks // baby) * baby
         rolled = np.stack([np.roll(d, g) for d, g in zip(diags, giants, strict=True)]) if len(ks) else diags
+        rolled = np.tile(rolled, (1, tiles))
         name = f"s{index}.t{j}"
         arrays[f"{name}.diags"] = rolled
         arrays[f"{name}.ks"] = ks
@@ -106,12 +115,13 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
         steps_used.update(int(a) for a in np.unique(ks % baby) if a)
     steps_used.update(int(g) for g in np.unique(np.concatenate([(ks // baby) * baby for ks, _ in terms])) if g)
     step = period
-    while step < slots:
+    while step < space:
         steps_used[step] += 1
         step *= 2
     if node.bias is not None:
-        bias = np.zeros(int(slot_out.max()) + 1)
+        bias = np.zeros(period)
         bias[slot_out] = node.bias
+        bias = np.tile(bias, slots // period)  # the output repeats every ``period`` slots: so does its bias
         arrays[f"s{index}.bias"] = bias
         attrs["bias"] = f"s{index}.bias"
     return attrs
@@ -137,6 +147,7 @@ def _plan_linear_batch(node: LinearNode, index: int, arrays: dict) -> dict:
 def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None = None) -> Plan:
     levels = circuit.levels()
     layouts = choose_layouts(circuit, slots) if layout == "single" else {}
+    periods = {0: _pow2_at_least(int(layouts[0].max()) + 1)} if layout == "single" else {}
     steps: list[Step] = []
     arrays: dict[str, np.ndarray] = {}
     used: Counter = Counter()
@@ -145,11 +156,13 @@ def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None
             if not any(np.any(m) for m in node.matrices):
                 raise LoweringError(f"{node.label}: the linear map is identically zero (an untrained, zero-initialised "
                                     "layer?), so its output is a constant; train or initialise the model first")
-            attrs = (_plan_linear_single(node, slots, index, arrays, used, layouts) if layout == "single"
+            attrs = (_plan_linear_single(node, slots, index, arrays, used, layouts, periods) if layout == "single"
                      else _plan_linear_batch(node, index, arrays))
             attrs["label"] = node.label
             steps.append(Step("linear", node.out, tuple(node.inputs), node.size, levels[node.out], attrs))
         elif isinstance(node, MulNode):
+            if layout == "single":
+                periods[node.out] = max(periods[node.a], periods[node.b])
             steps.append(Step("mul", node.out, (node.a, node.b), node.size, levels[node.out], {"label": node.label}))
         elif isinstance(node, MatMulNode):
             if layout != "batch":
@@ -168,6 +181,7 @@ def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None
     if layout == "single":
         keys = select_galois_steps(used, slots, max_galois_keys)
         stats["galois_keys"] = len(keys)
+        stats["input_period"] = periods[0]
         return Plan(steps, arrays, keys, stats, tuple(int(i) for i in layouts[0]),
                     tuple(int(i) for i in layouts[circuit.output]))
     return Plan(steps, arrays, sorted(used), stats)

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from polyfhe.fhe.execute import pack_single
 from polyfhe.fhe.params import fingerprint_params
 from polyfhe.fhe.program import ProgramManifest
 from polyfhe.fhe.seal_backend import SealContext
@@ -102,9 +103,7 @@ class CKKSClient:
         arr = self._check_input(x)
         sa = self.seal.sa
         if self.manifest.layout == "single":
-            packed = np.zeros(self.seal.slots)
-            packed[list(self.manifest.input_slots)] = arr[0]  # the program's public slot packing
-            columns = [packed]
+            columns = [pack_single(self.manifest, arr[0])]  # the program's public slot packing
         else:
             columns = [arr[:, i] for i in range(arr.shape[1])]
         sections = {}

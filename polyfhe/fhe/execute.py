@@ -16,7 +16,7 @@ import numpy as np
 
 from polyfhe.fhe.program import CKKSProgram, Step
 
-__all__ = ["NumpyOps", "SlotOps", "execute", "run_plain"]
+__all__ = ["NumpyOps", "SlotOps", "execute", "pack_single", "run_plain"]
 
 ZERO_ROW_WEIGHT = 2.0**-30
 
@@ -96,7 +96,7 @@ def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: di
                 inner = ops.add(inner, ops.mul_vector(cache[key], diags[row], (step.out, ti, int(row))))
             acc = ops.add(acc, inner if g == 0 else ops.rotate(inner, int(g) * baby))
     shift = period
-    while shift < ops.slots:
+    while shift < int(attrs.get("space", ops.slots)):
         acc = ops.add(acc, ops.rotate(acc, shift))
         shift *= 2
     if attrs.get("bias"):
@@ -206,6 +206,15 @@ def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: 
     return regs[manifest.output]
 
 
+def pack_single(manifest, values: np.ndarray) -> np.ndarray:
+    """Slot vector for one sample: the program's public packing, repeated every ``input_period`` slots."""
+    slots = manifest.params.slots
+    period = int(manifest.info.get("input_period", slots))
+    vec = np.zeros(period)
+    vec[list(manifest.input_slots)] = values
+    return np.tile(vec, slots // period)
+
+
 def run_plain(program: CKKSProgram, x: np.ndarray) -> np.ndarray:
     """Compiled program on plaintext: ``x`` (batch, *input_shape) -> (batch, output_size)."""
     m = program.manifest
@@ -216,8 +225,7 @@ def run_plain(program: CKKSProgram, x: np.ndarray) -> np.ndarray:
         slots = m.params.slots
         outs = []
         for row in flat:
-            vec = np.zeros(slots)
-            vec[list(m.input_slots)] = row
+            vec = pack_single(m, row)
             outs.append(execute(program, NumpyOps(slots), vec)[list(m.output_slots)])
         return np.stack(outs)
     ops = NumpyOps(len(flat))
