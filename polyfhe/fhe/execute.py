@@ -9,7 +9,9 @@ ciphertext per tensor element with one sample per slot.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
@@ -78,23 +80,56 @@ class NumpyOps:
 # ------------------------------------------------------------------------------------------------------------
 # single layout: registers are single ciphertexts (or slot vectors)
 # ------------------------------------------------------------------------------------------------------------
-def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: dict) -> Any:
+class RunContext:
+    """Per-run state: rotated registers shared between maps, and a thread pool (SEAL releases the GIL)."""
+
+    def __init__(self, threads: int) -> None:
+        self.cache: dict = {}
+        self.pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
+
+    def map(self, fn: Callable, items: list) -> list:
+        if self.pool is None or len(items) < 2:
+            return [fn(item) for item in items]
+        return list(self.pool.map(fn, items))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
     attrs = step.attrs
     period, baby = int(attrs["period"]), int(attrs["baby"])
     target = step.level - 1
-    acc = None
+    groups = []  # (term index, giant step g, rows)
+    needed = {}
     for ti, term in enumerate(attrs["terms"]):
-        x = ops.drop_to(regs[term["input"]], target)
-        ks, diags = arrays[term["ks"]], arrays[term["diags"]]
+        ks = arrays[term["ks"]]
         for g in np.unique(ks // baby):
-            inner = None
-            for row in np.nonzero(ks // baby == g)[0]:
-                a = int(ks[row] % baby)
-                key = (term["input"], a, target)
-                if key not in cache:
-                    cache[key] = x if a == 0 else ops.rotate(x, a)
-                inner = ops.add(inner, ops.mul_vector(cache[key], diags[row], (step.out, ti, int(row))))
-            acc = ops.add(acc, inner if g == 0 else ops.rotate(inner, int(g) * baby))
+            rows = np.nonzero(ks // baby == g)[0]
+            groups.append((ti, int(g), rows))
+            for row in rows:
+                key = (term["input"], int(ks[row] % baby), target)
+                if key not in run.cache:
+                    needed[key] = term["input"]
+    dropped = {r: ops.drop_to(regs[r], target) for r in {t["input"] for t in attrs["terms"]}}
+    keys = list(needed)
+    rotated = run.map(lambda k: dropped[k[0]] if k[1] == 0 else ops.rotate(dropped[k[0]], k[1]), keys)
+    run.cache.update(zip(keys, rotated, strict=True))
+
+    def giant(group):
+        ti, g, rows = group
+        term = attrs["terms"][ti]
+        ks, diags = arrays[term["ks"]], arrays[term["diags"]]
+        inner = None
+        for row in rows:
+            rot = run.cache[(term["input"], int(ks[row] % baby), target)]
+            inner = ops.add(inner, ops.mul_vector(rot, diags[row], (step.out, ti, int(row))))
+        return inner if g == 0 else ops.rotate(inner, g * baby)
+
+    acc = None
+    for part in run.map(giant, groups):
+        acc = ops.add(acc, part)
     shift = period
     while shift < int(attrs.get("space", ops.slots)):
         acc = ops.add(acc, ops.rotate(acc, shift))
@@ -104,7 +139,7 @@ def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: di
     return ops.rescale(acc)
 
 
-def _single_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: dict) -> Any:
+def _single_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
     a, b = (regs[i] for i in step.inputs)
     low = max(ops.level(a), ops.level(b))
     return ops.relin_rescale(ops.multiply(ops.drop_to(a, low), ops.drop_to(b, low)))
@@ -113,7 +148,7 @@ def _single_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: dict)
 # ------------------------------------------------------------------------------------------------------------
 # batch layout: registers are lists of ciphertexts, one per tensor element
 # ------------------------------------------------------------------------------------------------------------
-def _batch_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: dict) -> list:
+def _batch_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> list:
     target = step.level - 1
     rows: list[Any] = [None] * step.size
     for term in step.attrs["terms"]:
@@ -134,7 +169,7 @@ def _batch_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: dic
     return out
 
 
-def _batch_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: dict) -> list:
+def _batch_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> list:
     a, b = (regs[i] for i in step.inputs)
     low = max(ops.level(a[0]), ops.level(b[0]))
     return [ops.relin_rescale(ops.multiply(ops.drop_to(x, low), ops.drop_to(y, low))) for x, y in zip(a, b)]
@@ -151,7 +186,7 @@ def matmul_indices(a_shape, b_shape, out_shape) -> tuple[np.ndarray, np.ndarray]
     return a_idx, b_idx
 
 
-def _batch_matmul(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: dict) -> list:
+def _batch_matmul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> list:
     a, b = (regs[i] for i in step.inputs)
     low = max(ops.level(a[0]), ops.level(b[0]))
     a = [ops.drop_to(x, low) for x in a]
@@ -166,7 +201,7 @@ def _batch_matmul(step: Step, regs: dict, ops: SlotOps, arrays: dict, cache: dic
     return out
 
 
-StepFn = Callable[[Step, dict, SlotOps, dict, dict], Any]
+StepFn = Callable[[Step, dict, SlotOps, dict, RunContext], Any]
 EXECUTORS: dict[tuple[str, str], StepFn] = {
     ("single", "linear"): _single_linear,
     ("single", "mul"): _single_mul,
@@ -186,23 +221,31 @@ def _last_use(program: CKKSProgram) -> dict[int, int]:
     return last
 
 
-def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: Callable | None = None) -> Any:
+def default_threads() -> int:
+    return int(os.environ.get("POLYFHE_THREADS", os.cpu_count() or 1))
+
+
+def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: Callable | None = None,
+            threads: int | None = None) -> Any:
     """Run every step; registers are freed after their last use to bound memory."""
     manifest = program.manifest
     regs: dict[int, Any] = {0: encrypted_input}
     last = _last_use(program)
-    cache: dict = {}
-    for index, step in enumerate(manifest.steps):
-        fn = EXECUTORS.get((manifest.layout, step.op))
-        if fn is None:
-            raise ValueError(f"step {index} ({step.op}) is not supported in layout {manifest.layout!r}")
-        regs[step.out] = fn(step, regs, ops, program.arrays, cache)
-        for r in [r for r, i in last.items() if i == index and r != manifest.output]:
-            regs.pop(r, None)
-            for key in [k for k in cache if k[0] == r]:
-                del cache[key]
-        if progress is not None:
-            progress(index, step)
+    run = RunContext(default_threads() if threads is None else threads)
+    try:
+        for index, step in enumerate(manifest.steps):
+            fn = EXECUTORS.get((manifest.layout, step.op))
+            if fn is None:
+                raise ValueError(f"step {index} ({step.op}) is not supported in layout {manifest.layout!r}")
+            regs[step.out] = fn(step, regs, ops, program.arrays, run)
+            for r in [r for r, i in last.items() if i == index and r != manifest.output]:
+                regs.pop(r, None)
+                for key in [k for k in run.cache if k[0] == r]:
+                    del run.cache[key]
+            if progress is not None:
+                progress(index, step)
+    finally:
+        run.close()
     return regs[manifest.output]
 
 

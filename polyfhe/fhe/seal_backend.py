@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -123,6 +124,11 @@ class SealOps:
         self.scale = seal.params.scale
         self.cache = plaintext_cache if plaintext_cache is not None else {}
         self.counts = {"rotations": 0, "plain_products": 0, "products": 0, "rescales": 0}
+        self._lock = threading.Lock()
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self.counts[name] += 1
 
     def level(self, ct) -> int:
         return self.seal.top_level - self.seal.chain_index(ct)
@@ -139,7 +145,7 @@ class SealOps:
             raise ValueError("this program needs rotations but the context holds no Galois keys")
         out = self.seal.sa.Ciphertext()
         self.ev.rotate_vector(ct, int(step), self.galois_keys, out)
-        self.counts["rotations"] += 1
+        self._count("rotations")
         return out
 
     def _target_scale(self, ct) -> float:
@@ -154,14 +160,14 @@ class SealOps:
             self.cache[full_key] = pt
         out = self.seal.sa.Ciphertext()
         self.ev.multiply_plain(ct, pt, out)
-        self.counts["plain_products"] += 1
+        self._count("plain_products")
         return out
 
     def mul_scalar(self, ct, value):
         pt = self.seal.encode(float(value), ct.parms_id(), self._target_scale(ct))
         out = self.seal.sa.Ciphertext()
         self.ev.multiply_plain(ct, pt, out)
-        self.counts["plain_products"] += 1
+        self._count("plain_products")
         return out
 
     def add(self, a, b):
@@ -181,13 +187,13 @@ class SealOps:
 
     def rescale(self, ct):
         self.ev.rescale_to_next_inplace(ct)
-        self.counts["rescales"] += 1
+        self._count("rescales")
         return ct
 
     def multiply(self, a, b):
         out = self.seal.sa.Ciphertext()
         self.ev.multiply(a, b, out)
-        self.counts["products"] += 1
+        self._count("products")
         return out
 
     def relin_rescale(self, ct):
