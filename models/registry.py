@@ -88,7 +88,9 @@ def register_model(
 
 
 # Model-family modules; importing one runs its @register_model decorators.
-FAMILY_MODULES: tuple[str, ...] = ("polyfhe.models.monet", "polyfhe.models.polynext")
+FAMILY_MODULES: tuple[str, ...] = (
+    "polyfhe.models.monet", "polyfhe.models.polynext", "polyfhe.models.fhe_recipes",
+)
 
 
 def _ensure_loaded() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from polyfhe.data.formats import is_cifar10_folder, is_image_folder, load_cifar10, load_image_folder, load_npz
 from polyfhe.data.idx import read_idx
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,11 @@ def load_idx_folder(root: str | Path, name: str = "idx", classes: tuple[str, ...
     """An (Fashion-)MNIST-style folder: train/t10k images and labels in IDX format."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"dataset folder {root} does not exist")
+        raise FileNotFoundError(
+            f"dataset folder {root} does not exist; expected the four (Fashion-)MNIST IDX files "
+            "train/t10k-images-idx3-ubyte[.gz] and train/t10k-labels-idx1-ubyte[.gz] there. Fashion-MNIST comes "
+            f"from Debian's package 'dataset-fashion-mnist' (installs {FASHION_MNIST_DIR})"
+        )
     parts = {
         key: read_idx(_find_idx(root, stem))
         for key, stem in (
@@ -95,9 +100,26 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> ImageDataset:
     return ImageDataset("digits", x[train], y[train], x[test], y[test], tuple(str(i) for i in range(10)))
 
 
+def load_mnist(root: str | Path) -> ImageDataset:
+    """An MNIST IDX folder (the four ``*-ubyte[.gz]`` files)."""
+    return load_idx_folder(root, "mnist")
+
+
 SOURCES: dict[str, Callable[..., ImageDataset]] = {
     "fashion-mnist": load_fashion_mnist,
     "digits": load_digits,
+    "mnist": load_mnist,
+    "cifar10": load_cifar10,
+    "imagefolder": load_image_folder,
+    "npz": load_npz,
+}
+
+# Sources that read nothing but a user-supplied path, and what that path must hold.
+NEEDS_ROOT: dict[str, str] = {
+    "mnist": "a folder with train/t10k-images-idx3-ubyte[.gz] and train/t10k-labels-idx1-ubyte[.gz]",
+    "cifar10": "the unpacked 'cifar-10-batches-py' folder (data_batch_1..5, test_batch)",
+    "imagefolder": "a folder <root>/<class>/<image> or <root>/train/<class>/... with <root>/test or <root>/val",
+    "npz": "an .npz file with arrays 'x' (images) and 'y' (labels)",
 }
 
 
@@ -111,7 +133,46 @@ def load_dataset(source: str, **kwargs) -> ImageDataset:
         loader = SOURCES[source]
     except KeyError:
         raise ValueError(f"unknown dataset {source!r}; available: {', '.join(available_sources())}") from None
+    if source in NEEDS_ROOT and kwargs.get("root") is None:
+        raise ValueError(f"dataset {source!r} needs a path (root=...): {NEEDS_ROOT[source]}")
     return loader(**kwargs)
+
+
+def detect_source(path: str | Path) -> str:
+    """Which registered reader fits the files at ``path`` (a folder or an ``.npz`` file)."""
+    path = Path(path).expanduser()
+    if path.is_file() and path.suffix == ".npz":
+        return "npz"
+    if path.is_dir():
+        if is_cifar10_folder(path) or is_cifar10_folder(path / "cifar-10-batches-py"):
+            return "cifar10"
+        if any((path / f"train-images-idx3-ubyte{ext}").is_file() for ext in ("", ".gz")):
+            return "fashion-mnist" if "fashion" in path.name.lower() else "mnist"
+        if is_image_folder(path) or is_image_folder(path / "train"):
+            return "imagefolder"
+    kinds = "; ".join(f"{name}: {what}" for name, what in NEEDS_ROOT.items())
+    if not path.exists():
+        raise FileNotFoundError(
+            f"dataset path {path} does not exist. Give a source name ({', '.join(available_sources())}) or a path "
+            f"holding one of: {kinds}. Fashion-MNIST comes from Debian's 'dataset-fashion-mnist' package "
+            f"(files in {FASHION_MNIST_DIR})"
+        )
+    raise ValueError(f"cannot tell what dataset {path} holds; expected one of: {kinds}")
+
+
+def open_dataset(spec: str | Path, root: str | Path | None = None, **kwargs) -> ImageDataset:
+    """A source name (``digits``, ``fashion-mnist`` ...) or a path whose format is detected; ``root`` points a
+    named source at its files (e.g. ``open_dataset("fashion-mnist", root="~/data/fm")``)."""
+    spec_str = str(spec)
+    if spec_str in SOURCES:
+        if root is not None:
+            kwargs["root"] = Path(root).expanduser()
+        return load_dataset(spec_str, **kwargs)
+    if root is not None:
+        raise ValueError(f"root={root!r} only goes with a source name ({', '.join(available_sources())}), "
+                         f"not with the path {spec_str!r}")
+    path = Path(spec_str).expanduser()
+    return load_dataset(detect_source(path), root=path, **kwargs)
 
 
 def load_default_dataset() -> ImageDataset:

@@ -1,0 +1,91 @@
+"""``polyfhe calibrate CHECKPOINT_DIR --data SOURCE``: recompute running statistics, record value ranges.
+
+Loads the checkpoint, recalibrates every BN-like layer on a random subset of the source's training images
+(as ``load_dataset`` returns them: float images in [0, 1]), writes the updated weights back and
+``calibration.json`` beside them, and prints a short table. Exit codes: 0 done; 2 bad input (checkpoint,
+data source, or data that does not fit the model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="recompute running statistics of a checkpoint and record value ranges for CKKS",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("checkpoint", type=Path, metavar="CHECKPOINT_DIR",
+                   help="folder with model.safetensors and config.json")
+    p.add_argument("--data", required=True, metavar="SOURCE",
+                   help="dataset source, e.g. fashion-mnist or digits")
+    p.add_argument("--samples", type=_positive, default=2048, metavar="N",
+                   help="training images to calibrate on, a random subset (default 2048)")
+    p.add_argument("--batch-size", type=_positive, default=256)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random subset")
+    p.add_argument("--no-ranges", action="store_true",
+                   help="only recompute running statistics (skip the ONNX export and range profiling)")
+    p.set_defaults(func=run)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    from polyfhe.calibration import CalibrationError, calibrate, sample_images
+    from polyfhe.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from polyfhe.data.sources import load_dataset
+    from polyfhe.export.onnx import ExportError
+
+    try:
+        model, info = load_checkpoint(args.checkpoint)
+        dataset = load_dataset(args.data)
+        x = sample_images(dataset.x_train, args.samples, args.seed)
+        result = calibrate(model, x, batch_size=args.batch_size, onnx_ranges=not args.no_ranges)
+    except (CheckpointError, CalibrationError, ExportError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    extra = {**info.extra, "calibration": {"data": args.data, "num_samples": result.num_samples,
+                                           "seed": args.seed, "ranges": not args.no_ranges}}
+    save_checkpoint(model, args.checkpoint, model_name=info.model_name, model_kwargs=info.model_kwargs,
+                    epoch=info.epoch, extra=extra)
+    path = result.save(args.checkpoint)
+    _render(result, path)
+    return EXIT_OK
+
+
+def _render(result: Any, path: Path) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    stats = result.stats_summary
+    console.print(f"[bold]{escape(result.model_name)}[/bold]: recalibrated {len(stats.get('layers', []))} "
+                  f"running-statistics layers on {result.num_samples} samples; wrote {escape(str(path))}")
+    table = Table(title="value ranges (largest |value| first)")
+    for col in ("value", "shape", "min", "max", "p0.1", "p99.9", "abs max"):
+        table.add_column(col, justify="left" if col in ("value", "shape") else "right")
+    shown = sorted(result.node_ranges.values(), key=lambda r: -r.abs_max)[:8] or [result.input_range]
+    for r in shown:
+        table.add_row(escape(r.name), "x".join(map(str, r.shape)), *(f"{v:.4g}" for v in
+                      (r.min, r.max, r.p001, r.p999, r.abs_max)))
+    console.print(table)
+    if result.node_ranges:
+        console.print(f"{len(result.node_ranges)} values profiled; largest |value| {result.max_abs:.4g}")
