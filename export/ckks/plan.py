@@ -54,6 +54,7 @@ def _diagonals(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, period: int
 
 
 def _rotations(ks_list: list[np.ndarray], baby: int) -> int:
+    """Baby rotations per term (each term rotates its own register) + giant rotations shared by all terms."""
     babies = sum(len(np.unique(ks % baby)) - (1 if np.any(ks % baby == 0) else 0) for ks in ks_list)
     giant_ids = np.unique(np.concatenate([ks // baby for ks in ks_list]))
     return babies + len(giant_ids) - (1 if giant_ids[0] == 0 else 0)

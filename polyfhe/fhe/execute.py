@@ -101,13 +101,13 @@ def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunC
     attrs = step.attrs
     period, baby = int(attrs["period"]), int(attrs["baby"])
     target = step.level - 1
-    groups = []  # (term index, giant step g, rows)
+    groups: dict[int, list] = {}  # giant step g -> [(term index, rows)]: one rotation per g for all terms
     needed = {}
     for ti, term in enumerate(attrs["terms"]):
         ks = arrays[term["ks"]]
         for g in np.unique(ks // baby):
             rows = np.nonzero(ks // baby == g)[0]
-            groups.append((ti, int(g), rows))
+            groups.setdefault(int(g), []).append((ti, rows))
             for row in rows:
                 key = (term["input"], int(ks[row] % baby), target)
                 if key not in run.cache:
@@ -117,18 +117,19 @@ def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunC
     rotated = run.map(lambda k: dropped[k[0]] if k[1] == 0 else ops.rotate(dropped[k[0]], k[1]), keys)
     run.cache.update(zip(keys, rotated, strict=True))
 
-    def giant(group):
-        ti, g, rows = group
-        term = attrs["terms"][ti]
-        ks, diags = arrays[term["ks"]], arrays[term["diags"]]
+    def giant(item):
+        g, parts = item
         inner = None
-        for row in rows:
-            rot = run.cache[(term["input"], int(ks[row] % baby), target)]
-            inner = ops.add(inner, ops.mul_vector(rot, diags[row], (step.out, ti, int(row))))
+        for ti, rows in parts:
+            term = attrs["terms"][ti]
+            ks, diags = arrays[term["ks"]], arrays[term["diags"]]
+            for row in rows:
+                rot = run.cache[(term["input"], int(ks[row] % baby), target)]
+                inner = ops.add(inner, ops.mul_vector(rot, diags[row], (step.out, ti, int(row))))
         return inner if g == 0 else ops.rotate(inner, g * baby)
 
     acc = None
-    for part in run.map(giant, groups):
+    for part in run.map(giant, sorted(groups.items())):
         acc = ops.add(acc, part)
     shift = period
     while shift < int(attrs.get("space", ops.slots)):
