@@ -9,7 +9,7 @@ encrypted tensor (values per image) comes from the shapes onnxruntime produces. 
     python bench/levels_vs_accuracy.py --epochs 25 --device cuda --out runs/levels_vs_accuracy
     python bench/levels_vs_accuracy.py --limit 2000 --epochs 1 --device cpu --out /tmp/lva   # CPU smoke
 
-Images are used as ``load_dataset`` returns them ([0, 1], no mean/std), as ``polyfhe calibrate`` does.
+Images are used as ``load_dataset`` returns them ([0, 1], no mean/std normalisation).
 """
 
 from __future__ import annotations
@@ -226,6 +226,7 @@ def plot(rows: list[Row], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for family, marker in (("monet", "o"), ("cpolynext", "s")):
@@ -236,12 +237,13 @@ def plot(rows: list[Row], path: Path) -> None:
             for r in pts:
                 ax.annotate(r.variant, (r.levels or 0, 100 * r.test_accuracy), fontsize=7,
                             xytext=(3, 3), textcoords="offset points")
-    ax.axvline(11, color="grey", linestyle="--", linewidth=0.8)
-    ax.text(11.1, ax.get_ylim()[0], "N=16384 @ 30-bit", fontsize=7, color="grey", rotation=90, va="bottom")
+    ax.axvline(11, color="grey", linestyle="--", linewidth=0.8, label="11 levels: N=16384, 30-bit scale")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.margins(x=0.25, y=0.15)
     ax.set_xlabel("CKKS levels (folded, analyzer)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Fashion-MNIST: levels vs accuracy")
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=150)
     plt.close(fig)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from polyfhe.models.monet import MONet, MONetConfig, build_monet
-from polyfhe.models.polynext import _T_LOGITS, PolyNeXt, PolyNeXtArch, StageConfig, build_polynext
+from polyfhe.models.polynext import ARCHS, PolyNeXt, PolyNeXtArch, StageConfig, build_polynext
 from polyfhe.models.registry import register_model
 
 __all__ = ["CPOLYNEXT_FHE", "MONET_FHE", "build_cpolynext_fhe", "build_monet_fhe", "cpolynext_fhe_arch"]
@@ -51,7 +51,7 @@ def cpolynext_fhe_arch(channels: int, stacks: int, exp_conv: float, exp_mlp: flo
     stage = StageConfig(channels, 1, stacks, exp_conv, exp_mlp, coarse_kernel=3, coarse_dilation=2)
     return PolyNeXtArch(
         name="CPolyNeXt-FHE", stages=(stage,), stem="imagenet", downsample=("sep3x3", "sep3x3"),
-        skip_logits=_T_LOGITS, skip_paired=True,
+        skip_logits=ARCHS["t"].skip_logits, skip_paired=True,
     )
 
 

@@ -1,9 +1,9 @@
 """``polyfhe calibrate CHECKPOINT_DIR --data SOURCE``: recompute running statistics, record value ranges.
 
 Loads the checkpoint, recalibrates every BN-like layer on a random subset of the source's training images
-(as ``load_dataset`` returns them: float images in [0, 1]), writes the updated weights back and
-``calibration.json`` beside them, and prints a short table. Exit codes: 0 done; 2 bad input (checkpoint,
-data source, or data that does not fit the model).
+(``load_dataset`` gives [0, 1]; the checkpoint's ``normalization``, recorded by ``polyfhe train``, is applied
+when present), writes the updated weights back and ``calibration.json`` beside them, and prints a short table.
+Exit codes: 0 done; 2 bad input (checkpoint, data source, or data that does not fit the model).
 """
 
 from __future__ import annotations
@@ -52,17 +52,22 @@ def run(args: argparse.Namespace) -> int:
     from polyfhe.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from polyfhe.data.sources import load_dataset
     from polyfhe.export.onnx import ExportError
+    from polyfhe.training.data import Normalization
 
     try:
         model, info = load_checkpoint(args.checkpoint)
         dataset = load_dataset(args.data)
         x = sample_images(dataset.x_train, args.samples, args.seed)
+        normalization = info.extra.get("normalization")
+        if normalization is not None:
+            x = Normalization.from_dict(normalization).apply_numpy(x)
         result = calibrate(model, x, batch_size=args.batch_size, onnx_ranges=not args.no_ranges)
-    except (CheckpointError, CalibrationError, ExportError, FileNotFoundError, ValueError) as exc:
+    except (CheckpointError, CalibrationError, ExportError, FileNotFoundError, KeyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    extra = {**info.extra, "calibration": {"data": args.data, "num_samples": result.num_samples,
-                                           "seed": args.seed, "ranges": not args.no_ranges}}
+    record = {"data": args.data, "num_samples": result.num_samples, "seed": args.seed,
+              "normalized": normalization is not None, "ranges": not args.no_ranges}
+    extra = {**info.extra, "calibration": record}
     save_checkpoint(model, args.checkpoint, model_name=info.model_name, model_kwargs=info.model_kwargs,
                     epoch=info.epoch, extra=extra)
     path = result.save(args.checkpoint)

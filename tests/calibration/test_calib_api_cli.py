@@ -73,9 +73,10 @@ def test_result_round_trips_through_strict_json(tmp_path: Path) -> None:
 
 def test_cli_calibrates_a_checkpoint_in_place(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     model = polyfhe.create_model("monet_fhe_bn", **KWARGS)
-    save_checkpoint(model, tmp_path, model_name="monet_fhe_bn", model_kwargs=KWARGS, epoch=3, extra={"a": 1})
+    extra = {"a": 1, "normalization": {"mean": [0.3], "std": [0.4]}}  # as polyfhe train records it
+    save_checkpoint(model, tmp_path, model_name="monet_fhe_bn", model_kwargs=KWARGS, epoch=3, extra=extra)
     expected = copy.deepcopy(model)
-    subset = sample_images(load_digits().x_train, 300, seed=5)
+    subset = (sample_images(load_digits().x_train, 300, seed=5) - 0.3) / 0.4
     polyfhe.calibrate(expected, subset, batch_size=128, onnx_ranges=False)
 
     code = cli_main(["calibrate", str(tmp_path), "--data", "digits", "--samples", "300", "--seed", "5",
@@ -83,12 +84,14 @@ def test_cli_calibrates_a_checkpoint_in_place(tmp_path: Path, capsys: pytest.Cap
     assert code == 0, capsys.readouterr().err
     assert "value ranges" in capsys.readouterr().out
     reloaded, info = load_checkpoint(tmp_path)
-    assert info.epoch == 3 and info.extra["a"] == 1 and info.extra["calibration"]["data"] == "digits"
+    assert info.epoch == 3 and info.extra["a"] == 1 and info.extra["normalization"] == extra["normalization"]
+    assert info.extra["calibration"]["data"] == "digits" and info.extra["calibration"]["normalized"]
     for got, want in zip(_norms(reloaded), _norms(expected), strict=True):
         torch.testing.assert_close(got.running_mean, want.running_mean)
         torch.testing.assert_close(got.running_var, want.running_var)
     result = CalibrationResult.load(tmp_path)
     assert result.num_samples == 300 and "logits" in result.node_ranges
+    assert result.input_range.min == pytest.approx(-0.75) and result.input_range.max == pytest.approx(1.75)
 
 
 def test_cli_reports_bad_input_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
