@@ -105,6 +105,9 @@ class _Lowering:
         self.circuit.shapes[0] = tuple(shape)
         self.env[name] = AffineExpr(shape, {0: np.eye(size).reshape((size, *shape))}, None)
         self._materialised: dict[int, tuple[AffineExpr, int]] = {}  # id(expr) -> (expr, register): reuse
+        self._levels: dict[int, int] = {0: 0}  # register -> rescales consumed
+        self._shadows: dict[int, AffineExpr] = {}  # shadow id (< 0) -> the residual sum it stands for
+        self._shadow_regs: dict[int, int] = {}  # shadow id -> register, once materialised
 
     # ---------------------------------------------------------------------------------------------------
     def run(self) -> Circuit:
@@ -180,19 +183,72 @@ class _Lowering:
             return expr
         return expr.map(lambda arr, _b: np.array(np.broadcast_to(align(arr, out_shape), (arr.shape[0], *out_shape))))
 
-    def _combine(self, node: onnx.NodeProto, out_shape: tuple[int, ...]) -> AffineExpr:
-        result = AffineExpr(tuple(out_shape), {}, np.zeros(out_shape))
-        for pos, name in enumerate(node.input):
-            expr = self._broadcast(self._operand(name, out_shape), out_shape)
-            sign = -1.0 if (node.op_type == "Sub" and pos == 1) else 1.0
+    @staticmethod
+    def _sum(shape: tuple[int, ...], parts: list[tuple[float, AffineExpr]]) -> AffineExpr:
+        result = AffineExpr(tuple(shape), {}, np.zeros(shape))
+        for sign, expr in parts:
             result.const = result.const + sign * expr.const_or_zero()
             for reg, arr in expr.terms.items():
                 result.terms[reg] = result.terms.get(reg, 0.0) + sign * arr
         return result
 
+    def _combine(self, node: onnx.NodeProto, out_shape: tuple[int, ...]) -> AffineExpr:
+        """Encrypted + encrypted (a residual connection): the sum, plus a compact form and a shadow.
+
+        The compact form sums the operands' reduced forms (earlier residual checkpoints as single shadow
+        registers); the shadow is this sum as one register, created only if a later map prefers it. With
+        them a deep residual stream costs a few terms per map instead of one per earlier block.
+        """
+        signs = [-1.0 if (node.op_type == "Sub" and pos == 1) else 1.0 for pos in range(len(node.input))]
+        operands = [self._broadcast(self._operand(name, out_shape), out_shape) for name in node.input]
+        result = self._sum(out_shape, list(zip(signs, operands, strict=True)))
+        encrypted = [e for e in operands if e.terms]
+        if len(encrypted) > 1:
+            result.compact = self._sum(out_shape, [(s, e.reduced()) for s, e in zip(signs, operands, strict=True)])
+            shadow = -(len(self._shadows) + 1)
+            self._shadows[shadow] = result.compact
+            size = int(np.prod(out_shape))
+            result.shadowed = AffineExpr(tuple(out_shape), {shadow: np.eye(size).reshape((size, *out_shape))}, None)
+        return result
+
+    # ---------------------------------------------------------------------------------------------------
+    def _level(self, reg: int) -> int:
+        if reg >= 0:
+            return self._levels[reg]
+        if reg in self._shadow_regs:
+            return self._levels[self._shadow_regs[reg]]
+        return max(self._level(r) for r in self._shadows[reg].terms) + 1
+
+    def _form_cost(self, expr: AffineExpr) -> tuple[int, int]:
+        """(level the materialised map lands on, number of registers it reads)."""
+        return max(self._level(r) for r in expr.terms) + 1, len(expr.terms)
+
+    def _resolve(self, expr: AffineExpr) -> AffineExpr:
+        """Replace shadow ids by real registers, creating the shadow maps on first use."""
+        if all(r >= 0 for r in expr.terms):
+            return expr
+        terms = {}
+        for reg, arr in expr.terms.items():
+            if reg < 0:
+                if reg not in self._shadow_regs:
+                    self._shadow_regs[reg] = self._materialise(self._shadows[reg], f"residual {-reg}")
+                reg = self._shadow_regs[reg]
+            terms[reg] = terms.get(reg, 0.0) + arr
+        return AffineExpr(expr.shape, terms, expr.const)
+
     def _concat(self, node: onnx.NodeProto, out_shape: tuple[int, ...]) -> AffineExpr:
+        """Concatenation of the parts, and of their compact/shadowed forms (e.g. the shift's channel groups)."""
         axis = int(attributes(node).get("axis", 0)) % len(out_shape)
         parts = [self._operand(n, out_shape) for n in node.input]
+        result = self._concat_parts(parts, axis, out_shape)
+        if any(p.compact is not None for p in parts):
+            result.compact = self._concat_parts([p.compact or p for p in parts], axis, out_shape)
+        if any(p.shadowed is not None for p in parts):
+            result.shadowed = self._concat_parts([p.reduced() for p in parts], axis, out_shape)
+        return result
+
+    @staticmethod
+    def _concat_parts(parts: list[AffineExpr], axis: int, out_shape: tuple[int, ...]) -> AffineExpr:
         regs = {r: len(arr) for p in parts for r, arr in p.terms.items()}
         terms = {
             reg: np.concatenate([p.terms.get(reg, np.zeros((k, *p.shape))) for p in parts], axis=axis + 1)
@@ -225,6 +281,13 @@ class _Lowering:
                 return reg
         if not expr.terms:
             raise LoweringError(f"{label}: the value is a constant; nothing to compute under encryption")
+        original = expr
+        expr = self._resolve(min(expr.forms(), key=self._form_cost))  # lowest level, then fewest registers
+        if expr is not original and len(expr.terms) == 1 and (expr.const is None or not np.any(expr.const)):
+            reg, arr = next(iter(expr.terms.items()))
+            if arr.shape[0] == size and self.circuit.sizes[reg] == size and _is_identity(arr.reshape(size, size)):
+                self._materialised[id(original)] = (original, reg)
+                return reg
         reg = len(self.circuit.sizes)
         inputs = sorted(expr.terms)
         matrices = [expr.terms[r].reshape(len(expr.terms[r]), size).T.copy() for r in inputs]
@@ -232,7 +295,8 @@ class _Lowering:
         self.circuit.nodes.append(LinearNode(reg, inputs, matrices, bias, size, label))
         self.circuit.sizes[reg] = size
         self.circuit.shapes[reg] = tuple(expr.shape)
-        self._materialised[id(expr)] = (expr, reg)
+        self._levels[reg] = max(self._levels[r] for r in inputs) + 1
+        self._materialised[id(original)] = (original, reg)
         return reg
 
     def _register_expr(self, reg: int, shape: tuple[int, ...]) -> AffineExpr:
@@ -243,6 +307,7 @@ class _Lowering:
         reg = len(self.circuit.sizes)
         size = int(np.prod(shape))
         self.circuit.nodes.append(MulNode(reg, a, b, size, label))
+        self._levels[reg] = max(self._levels[a], self._levels[b]) + 1
         self.circuit.sizes[reg] = size
         self.circuit.shapes[reg] = tuple(shape)
         return reg
@@ -279,6 +344,7 @@ class _Lowering:
         reg = len(self.circuit.sizes)
         size = int(np.prod(out_shape))
         self.circuit.nodes.append(MatMulNode(reg, ra, rb, a_expr.shape, b_expr.shape, tuple(out_shape), size, node.name))
+        self._levels[reg] = max(self._levels[ra], self._levels[rb]) + 1
         self.circuit.sizes[reg] = size
         self.circuit.shapes[reg] = tuple(out_shape)
         return self._register_expr(reg, out_shape)
