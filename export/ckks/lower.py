@@ -10,6 +10,7 @@ node and the op and fails.
 from __future__ import annotations
 
 import logging
+import weakref
 
 import numpy as np
 import onnx
@@ -104,18 +105,23 @@ class _Lowering:
         self.circuit.sizes[0] = size
         self.circuit.shapes[0] = tuple(shape)
         self.env[name] = AffineExpr(shape, {0: np.eye(size).reshape((size, *shape))}, None)
-        self._materialised: dict[int, tuple[AffineExpr, int]] = {}  # id(expr) -> (expr, register): reuse
+        self._materialised: dict[int, tuple[weakref.ref, int]] = {}  # id(expr) -> (ref, register): reuse
         self._levels: dict[int, int] = {0: 0}  # register -> rescales consumed
         self._shadows: dict[int, AffineExpr] = {}  # shadow id (< 0) -> the residual sum it stands for
         self._shadow_regs: dict[int, int] = {}  # shadow id -> register, once materialised
 
     # ---------------------------------------------------------------------------------------------------
     def run(self) -> Circuit:
-        for index, node in topological_order(self.model.graph):
+        order = topological_order(self.model.graph)
+        out_name = self.model.graph.output[0].name
+        last_use = {name: pos for pos, (_, node) in enumerate(order) for name in node.input}
+        for pos, (index, node) in enumerate(order):
             if not node.name:
                 node.name = f"{node.op_type}_{index}"
             self._lower(node)
-        out_name = self.model.graph.output[0].name
+            for name in node.input:  # drop expressions nobody reads any more: they hold large term arrays
+                if last_use.get(name) == pos and name != out_name:
+                    self.env.pop(name, None)
         if out_name not in self.env:
             raise LoweringError(f"graph output {out_name!r} does not depend on the encrypted input")
         expr = self.env[out_name]
@@ -273,7 +279,7 @@ class _Lowering:
         """The register holding ``expr``, emitting a LinearNode unless it already is one register."""
         size = expr.size
         known = self._materialised.get(id(expr))
-        if known is not None and known[0] is expr:
+        if known is not None and known[0]() is expr:
             return known[1]
         if not force and len(expr.terms) == 1 and (expr.const is None or not np.any(expr.const)):
             reg, arr = next(iter(expr.terms.items()))
@@ -286,7 +292,7 @@ class _Lowering:
         if expr is not original and len(expr.terms) == 1 and (expr.const is None or not np.any(expr.const)):
             reg, arr = next(iter(expr.terms.items()))
             if arr.shape[0] == size and self.circuit.sizes[reg] == size and _is_identity(arr.reshape(size, size)):
-                self._materialised[id(original)] = (original, reg)
+                self._materialised[id(original)] = (weakref.ref(original), reg)
                 return reg
         reg = len(self.circuit.sizes)
         inputs = sorted(expr.terms)
@@ -296,7 +302,7 @@ class _Lowering:
         self.circuit.sizes[reg] = size
         self.circuit.shapes[reg] = tuple(expr.shape)
         self._levels[reg] = max(self._levels[r] for r in inputs) + 1
-        self._materialised[id(original)] = (original, reg)
+        self._materialised[id(original)] = (weakref.ref(original), reg)
         return reg
 
     def _register_expr(self, reg: int, shape: tuple[int, ...]) -> AffineExpr:
