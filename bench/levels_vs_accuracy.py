@@ -209,8 +209,8 @@ def run_variant(variant: Variant, data: ImageDataset, cfg: TrainConfig, device: 
 # ------------------------------------------------------------------------------------------------- output
 def markdown_table(rows: list[Row]) -> str:
     lines = [
-        "| variant | params | degree | ct x ct depth | levels | largest tensor | test accuracy "
-        "| train time (s) |",
+        ("| variant | params | degree | ct x ct depth | levels | largest tensor | test accuracy "
+         "| train time (s) |"),
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:

@@ -185,7 +185,7 @@ def load_program(directory: str | Path) -> CKKSProgram:
     try:
         with np.load(arrays_path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except Exception as exc:  # noqa: BLE001  (zip/npz errors of many kinds)
+    except Exception as exc:
         raise ProgramError(f"cannot read {arrays_path}: {type(exc).__name__}: {exc}") from exc
     missing = sorted({n for s in manifest.steps for n in s.array_names()} - set(arrays))
     if missing:

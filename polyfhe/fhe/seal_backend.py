@@ -102,7 +102,7 @@ class SealContext:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
             obj.load(self.context, path)
-        except Exception as exc:  # noqa: BLE001  (SEAL raises RuntimeError/ValueError/... on bad bytes)
+        except Exception as exc:
             raise SerializationError(f"not a valid {kind.replace('_', ' ')} for {self.params.describe()}: "
                                      f"{type(exc).__name__}: {exc}") from exc
         finally:

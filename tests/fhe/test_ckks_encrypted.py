@@ -34,7 +34,7 @@ def mlp_single():
 
 
 def test_digits_mlp_single_agrees_on_100_samples(mlp_single):
-    model, prog, client, server = mlp_single
+    model, _, client, server = mlp_single
     _, _, x, y = digits()
     x = x[:100]
     enc = np.concatenate([client.decrypt(server.run(client.encrypt(row))) for row in x])

@@ -12,14 +12,6 @@ from polyfhe.checkpoint import load_checkpoint
 from polyfhe.cli import main
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_demo_trains_folds_exports_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     rc = main(["demo", "--data", "digits", "--epochs", "2", "--train-subset", "256", "--batch-size", "32",
                "--lr", "1e-2", "--device", "cpu", "--no-progress", "--out", str(tmp_path)])

@@ -25,13 +25,6 @@ def bench():
     sys.modules.pop(spec.name, None)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def test_smoke_measures_our_models(bench, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert bench.main([*SMOKE, "--models", *OURS, "--out", str(tmp_path)]) == 0

@@ -22,14 +22,6 @@ from polyfhe.training.loop import evaluate
 TINY = {"dims": [16], "depths": [1]}  # a one-block MONet: milliseconds per step
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Two cores shared with other jobs: one torch thread avoids oversubscription stalls."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def small_digits() -> ImageDataset:
