@@ -18,7 +18,9 @@ import numpy as np
 
 from polyfhe.fhe.params import CKKSParams
 
-__all__ = ["SealContext", "SealOps", "SerializationError", "require_tenseal"]
+__all__ = ["DEFAULT_CACHE_BYTES", "SealContext", "SealOps", "SerializationError", "require_tenseal"]
+
+DEFAULT_CACHE_BYTES = 2 << 30  # encoded plaintext diagonals kept per program (about 1.3 MB each at N=16384)
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +117,8 @@ class SealContext:
 class SealOps:
     """:class:`~polyfhe.fhe.execute.SlotOps` on SEAL ciphertexts; ``level`` counts rescales consumed."""
 
-    def __init__(self, seal: SealContext, relin_keys, galois_keys=None, plaintext_cache: dict | None = None):
+    def __init__(self, seal: SealContext, relin_keys, galois_keys=None, plaintext_cache: dict | None = None,
+                 max_cache_bytes: int = DEFAULT_CACHE_BYTES):
         self.seal = seal
         self.ev = seal.evaluator
         self.relin_keys = relin_keys
@@ -123,6 +126,7 @@ class SealOps:
         self.slots = seal.slots
         self.scale = seal.params.scale
         self.cache = plaintext_cache if plaintext_cache is not None else {}
+        self.max_cache_bytes = max_cache_bytes
         self.counts = {"rotations": 0, "plain_products": 0, "products": 0, "rescales": 0}
         self._lock = threading.Lock()
 
@@ -157,11 +161,20 @@ class SealOps:
         pt = self.cache.get(full_key)
         if pt is None:
             pt = self.seal.encode(vec, ct.parms_id(), scale)
-            self.cache[full_key] = pt
+            self._remember(full_key, pt)
         out = self.seal.sa.Ciphertext()
         self.ev.multiply_plain(ct, pt, out)
         self._count("plain_products")
         return out
+
+    def _remember(self, key, pt) -> None:
+        """Cache an encoded plaintext while the cache stays within ``max_cache_bytes`` (then encode each time)."""
+        size = pt.coeff_count() * 8  # N x primes at this level, 64-bit words
+        with self._lock:
+            used = self.cache.get("__bytes__", 0)
+            if used + size <= self.max_cache_bytes:
+                self.cache[key] = pt
+                self.cache["__bytes__"] = used + size
 
     def mul_scalar(self, ct, value):
         pt = self.seal.encode(float(value), ct.parms_id(), self._target_scale(ct))
@@ -181,7 +194,7 @@ class SealOps:
         pt = self.cache.get(full_key)
         if pt is None:
             pt = self.seal.encode(vec, ct.parms_id(), ct.scale)
-            self.cache[full_key] = pt
+            self._remember(full_key, pt)
         self.ev.add_plain_inplace(ct, pt)
         return ct
 

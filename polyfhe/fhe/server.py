@@ -15,7 +15,7 @@ from polyfhe.fhe.client import galois_element
 from polyfhe.fhe.execute import execute
 from polyfhe.fhe.params import fingerprint_params
 from polyfhe.fhe.program import CKKSProgram
-from polyfhe.fhe.seal_backend import SealContext, SealOps
+from polyfhe.fhe.seal_backend import DEFAULT_CACHE_BYTES, SealContext, SealOps
 from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
 
 __all__ = ["CKKSServer", "RunStats"]
@@ -44,7 +44,7 @@ class CKKSServer:
     def __init__(self, program: CKKSProgram, public_context: bytes, *,
                  max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES,
                  max_ciphertext_bytes: int = DEFAULT_MAX_CIPHERTEXT_BYTES,
-                 plaintext_cache: dict | None = None) -> None:
+                 plaintext_cache: dict | None = None, max_cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.program = program
         self.max_ciphertext_bytes = max_ciphertext_bytes
         box = unpack(public_context, KIND_CONTEXT, max_bytes=max_context_bytes)
@@ -67,7 +67,7 @@ class CKKSServer:
                 raise WireError(f"public context lacks Galois keys for rotations {missing[:8]}")
         self.context_bytes = len(public_context)
         cache = plaintext_cache if plaintext_cache is not None else program.plaintext_cache
-        self._ops = SealOps(self.seal, relin, galois, cache)
+        self._ops = SealOps(self.seal, relin, galois, cache, max_cache_bytes)
         self.last_run = RunStats()
 
     def _load_input(self, data: bytes) -> tuple[list, int]:
