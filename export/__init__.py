@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+from polyfhe._callable_module import make_callable
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def _onnx_target(model: nn.Module, path: str | Path | None = None, input_shape: tuple[int, ...] | None = None,
@@ -41,3 +44,5 @@ def export(model: nn.Module, target: str = "onnx", **kwargs: Any) -> Any:
 
 
 __all__ = ["EXPORT_TARGETS", "export"]
+
+make_callable(__name__, export)

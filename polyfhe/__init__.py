@@ -15,15 +15,34 @@ Public API (``fold`` and ``export`` are functions that shadow their subpackages;
 
 from __future__ import annotations
 
+import importlib
 import logging
+from typing import Any
 
-from polyfhe.analysis import AnalysisReport, analyze
-from polyfhe.calibration import calibrate
-from polyfhe.export import export  # the function deliberately shadows the subpackage (see ARCHITECTURE.md)
-from polyfhe.fhe.program import CKKSProgram, load_program
-from polyfhe.fold import FoldError, fold
-from polyfhe.models.registry import create_model, list_models, model_entry
-from polyfhe.training import train
+# Public names, imported on first use: the CKKS runtime (``polyfhe.fhe``) must load without torch or onnx.
+_LAZY = {
+    "AnalysisReport": "polyfhe.analysis", "analyze": "polyfhe.analysis",
+    "calibrate": "polyfhe.calibration",
+    "export": "polyfhe.export",  # the function; the subpackage forwards calls to it (see _callable_module)
+    "CKKSProgram": "polyfhe.fhe.program", "load_program": "polyfhe.fhe.program",
+    "FoldError": "polyfhe.fold", "fold": "polyfhe.fold",
+    "create_model": "polyfhe.models.registry", "list_models": "polyfhe.models.registry",
+    "model_entry": "polyfhe.models.registry",
+    "train": "polyfhe.training",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'polyfhe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 __version__ = "0.1.0"
 
