@@ -36,7 +36,7 @@ def test_saved_program_runs_with_torch_and_onnx_blocked(tmp_path):
         np.save({str(tmp_path / "out.npy")!r}, out)
         assert not any(m in sys.modules and sys.modules[m] is not None for m in ("torch", "onnx"))
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     out = np.load(tmp_path / "out.npy")
     assert np.array_equal(out.argmax(1), expected.argmax(1))
