@@ -33,6 +33,7 @@ class SlotOps(Protocol):
     def mul_scalar(self, ct: Any, value: float) -> Any: ...  # pre-rescale, scale -> target
     def add(self, a: Any, b: Any) -> Any: ...
     def add_vector(self, ct: Any, vec: np.ndarray, key: tuple) -> Any: ...  # at the pre-rescale scale
+    def add_scalar(self, ct: Any, value: float) -> Any: ...  # every slot, at the pre-rescale scale
     def rescale(self, ct: Any) -> Any: ...
     def multiply(self, a: Any, b: Any) -> Any: ...  # ct x ct, relinearised, not rescaled
     def relin_rescale(self, ct: Any) -> Any: ...
@@ -66,6 +67,9 @@ class NumpyOps:
         out = ct.copy()
         out[..., : len(vec)] += vec
         return out
+
+    def add_scalar(self, ct, value):
+        return ct + value
 
     def rescale(self, ct):
         return ct
@@ -151,23 +155,26 @@ def _single_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunCont
 # ------------------------------------------------------------------------------------------------------------
 def _batch_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> list:
     target = step.level - 1
-    rows: list[Any] = [None] * step.size
-    for term in step.attrs["terms"]:
-        src = [ops.drop_to(ct, target) for ct in regs[term["input"]]]
-        data, indices, indptr = arrays[term["data"]], arrays[term["indices"]], arrays[term["indptr"]]
-        for i in range(step.size):
-            for p in range(indptr[i], indptr[i + 1]):
-                rows[i] = ops.add(rows[i], ops.mul_scalar(src[indices[p]], float(data[p])))
+    terms = [
+        ([ops.drop_to(ct, target) for ct in regs[t["input"]]], arrays[t["data"]], arrays[t["indices"]],
+         arrays[t["indptr"]])
+        for t in step.attrs["terms"]
+    ]
     bias = arrays[step.attrs["bias"]] if step.attrs.get("bias") else None
-    out = []
-    for i, acc in enumerate(rows):
+
+    def row(i: int) -> Any:
+        acc = None
+        for src, data, indices, indptr in terms:
+            for p in range(indptr[i], indptr[i + 1]):
+                acc = ops.add(acc, ops.mul_scalar(src[indices[p]], float(data[p])))
         if acc is None:  # an all-zero row: SEAL refuses a product by 0 (a transparent ciphertext), so take
             # an input times ZERO_ROW_WEIGHT: the row is off by at most 1e-9 x that input, far below CKKS noise
-            acc = ops.mul_scalar(ops.drop_to(regs[step.attrs["terms"][0]["input"]][0], target), ZERO_ROW_WEIGHT)
+            acc = ops.mul_scalar(terms[0][0][0], ZERO_ROW_WEIGHT)
         if bias is not None and bias[i] != 0.0:
-            acc = ops.add_vector(acc, np.full(ops.slots, bias[i]), (step.out, "bias", i))
-        out.append(ops.rescale(acc))
-    return out
+            acc = ops.add_scalar(acc, float(bias[i]))
+        return ops.rescale(acc)
+
+    return run.map(row, list(range(step.size)))
 
 
 def _batch_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> list:

@@ -198,6 +198,10 @@ class SealOps:
         self.ev.add_plain_inplace(ct, pt)
         return ct
 
+    def add_scalar(self, ct, value):
+        self.ev.add_plain_inplace(ct, self.seal.encode(float(value), ct.parms_id(), ct.scale))
+        return ct
+
     def rescale(self, ct):
         self.ev.rescale_to_next_inplace(ct)
         self._count("rescales")
