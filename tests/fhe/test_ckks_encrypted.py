@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from ckks_testlib import accuracy, digits, digits_mlp, square_cnn, train
+from ckks_testlib import accuracy, digits, digits_mlp, square_cnn
 
 from polyfhe.export.ckks import export_ckks
 from polyfhe.fhe.client import InputError
@@ -155,21 +155,3 @@ def test_bad_inputs_have_clear_errors(mlp_single, caplog):
         client.encrypt(np.full(64, 50.0))
     assert "calibrated range" in caplog.text
 
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["monet_fhe_bn", "cpolynext_fhe_bn"])
-def test_trained_zoo_recipe_batch_agrees_on_the_digits_test_split(name):
-    """The FHE-sized recipes (8x8 digits variant), trained, on all 360 test images in one encrypted batch."""
-    torch.manual_seed(0)
-    model = train(create_model(name, img_size=8), epochs=15, lr=0.002)
-    _, _, x, y = digits()
-    prog = export_ckks(model, calibration=x[:128], layout="batch")
-    client = prog.client()
-    server = prog.server(client.public_context())
-    enc = client.decrypt(server.run(client.encrypt(x)))
-    plain = _plain(model, x)
-    log.info("%s batch: %d samples, max abs error %.3g, accuracy %.3f", name, len(x),
-             np.abs(enc - plain).max(), accuracy(model, x, y))
-    assert accuracy(model, x, y) > 0.8
-    assert np.array_equal(enc.argmax(1), plain.argmax(1))
-    assert np.abs(enc - plain).max() < 1e-2 * max(1.0, np.abs(plain).max())
