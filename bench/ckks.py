@@ -175,6 +175,7 @@ def _single(model, shape, calibration, x, export_kwargs, warm_runs: int) -> dict
 
 def _batch(model, shape, calibration, xb, export_kwargs) -> dict:
     from polyfhe.export.ckks import CKKSExportError, export_ckks
+    from polyfhe.fhe.roundtrip import timed_round_trip
 
     try:
         prog = export_ckks(model, calibration=calibration, layout="batch", input_shape=shape, **export_kwargs)
@@ -183,19 +184,13 @@ def _batch(model, shape, calibration, xb, export_kwargs) -> dict:
     xb = xb[: prog.params.slots]
     client = prog.client()
     server = prog.server(client.public_context())
-    t0 = time.perf_counter()
-    query = client.encrypt(xb)
-    t1 = time.perf_counter()
-    answer = server.run(query)
-    t2 = time.perf_counter()
-    y = client.decrypt(answer)
-    t3 = time.perf_counter()
+    trip = timed_round_trip(client, server, xb)
     return {
-        "batch_size": len(xb), "batch_params": prog.params.describe(), "batch_encrypt_s": t1 - t0,
-        "batch_eval_s": server.last_run.seconds, "batch_decrypt_s": t3 - t2, "batch_input_bytes": len(query),
-        "batch_output_bytes": len(answer), "batch_img_per_s": len(xb) / server.last_run.seconds,
-        "batch_img_per_s_end_to_end": len(xb) / (t3 - t0),
-        "batch_max_error": float(np.abs(y - _torch_out(model, xb)).max()),
+        "batch_size": len(xb), "batch_params": prog.params.describe(), "batch_encrypt_s": trip.encrypt_s,
+        "batch_eval_s": trip.evaluate_s, "batch_decrypt_s": trip.decrypt_s, "batch_input_bytes": trip.input_bytes,
+        "batch_output_bytes": trip.output_bytes, "batch_img_per_s": len(xb) / trip.evaluate_s,
+        "batch_img_per_s_end_to_end": len(xb) / trip.total_s,
+        "batch_max_error": float(np.abs(trip.logits - _torch_out(model, xb)).max()),
     }
 
 

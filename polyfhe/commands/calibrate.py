@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from polyfhe.commands.arguments import positive_int
+
 __all__ = ["add_parser", "run"]
 
 log = logging.getLogger(__name__)
@@ -31,20 +33,15 @@ def add_parser(subparsers: Any) -> None:
                    help="folder with model.safetensors and config.json")
     p.add_argument("--data", required=True, metavar="SOURCE",
                    help="dataset source, e.g. fashion-mnist or digits")
-    p.add_argument("--samples", type=_positive, default=2048, metavar="N",
+    p.add_argument("--samples", type=positive_int, default=2048, metavar="N",
                    help="training images to calibrate on, a random subset (default 2048)")
-    p.add_argument("--batch-size", type=_positive, default=256)
+    p.add_argument("--batch-size", type=positive_int, default=256)
     p.add_argument("--seed", type=int, default=0, help="seed of the random subset")
     p.add_argument("--no-ranges", action="store_true",
                    help="only recompute running statistics (skip the ONNX export and range profiling)")
     p.set_defaults(func=run)
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from polyfhe.analysis import AnalysisReport, ModelLoadError, analyze
+from polyfhe.commands.arguments import non_negative_int
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_NOT_POLYNOMIAL", "EXIT_OK", "add_parser", "run"]
 
@@ -41,9 +42,9 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("target", metavar="TARGET", help="an .onnx file, or a model-zoo name to export first")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    parser.add_argument("--max-degree", type=_non_negative, metavar="D", help="fail when the degree exceeds D")
-    parser.add_argument("--max-depth", type=_non_negative, metavar="L", help="fail when the ct x ct depth exceeds L")
-    parser.add_argument("--max-levels", type=_non_negative, metavar="L", help="fail when CKKS levels exceed L")
+    parser.add_argument("--max-degree", type=non_negative_int, metavar="D", help="fail when the degree exceeds D")
+    parser.add_argument("--max-depth", type=non_negative_int, metavar="L", help="fail when the ct x ct depth exceeds L")
+    parser.add_argument("--max-levels", type=non_negative_int, metavar="L", help="fail when CKKS levels exceed L")
     parser.add_argument("--img-size", type=int, metavar="S",
                         help="for zoo-name targets: build the model at this resolution (default: its own)")
     parser.set_defaults(func=run)
@@ -151,8 +152,3 @@ def _violation_table(report: AnalysisReport, shown_nodes: int = 3) -> Any:
     return table
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text}")
-    return value

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from polyfhe.commands.arguments import positive_int
+
 __all__ = ["EXIT_BAD_INPUT", "EXIT_NOT_EXPORTABLE", "ExportInputError", "add_parser", "load_calibration",
            "read_array", "resolve_model", "run"]
 
@@ -49,11 +51,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--calibration", metavar="SOURCE_OR_NPY",
                    help="dataset name/path or .npy/.npz images "
                         "(default: digits for 1x8x8, fashion-mnist for 1x28x28)")
-    p.add_argument("--samples", type=_positive, default=DEFAULT_SAMPLES, metavar="N",
+    p.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, metavar="N",
                    help=f"calibration samples to use (default {DEFAULT_SAMPLES})")
-    p.add_argument("--img-size", type=_positive, metavar="S", help="zoo models: input resolution")
-    p.add_argument("--in-chans", type=_positive, metavar="C", help="zoo models: input channels")
-    p.add_argument("--num-classes", type=_positive, metavar="K", help="zoo models: classifier outputs")
+    p.add_argument("--img-size", type=positive_int, metavar="S", help="zoo models: input resolution")
+    p.add_argument("--in-chans", type=positive_int, metavar="C", help="zoo models: input channels")
+    p.add_argument("--num-classes", type=positive_int, metavar="K", help="zoo models: classifier outputs")
     p.add_argument("--checkpoint", type=Path, metavar="DIR",
                    help="load trained weights for the zoo model MODEL")
     p.set_defaults(func=run)
@@ -307,8 +309,3 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value

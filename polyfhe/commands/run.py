@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from polyfhe.fhe.roundtrip import timed_round_trip
 
 __all__ = ["EXIT_BAD_INPUT", "READERS", "RunInputError", "add_parser", "read_input", "run"]
 
@@ -151,23 +152,18 @@ def encrypted_run(program: Any, x: np.ndarray) -> dict:
     client = program.client()
     context = client.public_context()
     server = program.server(context)
-    t0 = time.perf_counter()
-    query = client.encrypt(x[0] if program.manifest.layout == "single" else x)
-    t1 = time.perf_counter()
-    answer = server.run(query)
-    t2 = time.perf_counter()
-    logits = client.decrypt(answer)
-    t3 = time.perf_counter()
+    trip = timed_round_trip(client, server, x[0] if program.manifest.layout == "single" else x)
+    logits = trip.logits
     plain = program.run_plain(x)
     return {
         "program_id": program.program_id, "layout": program.manifest.layout,
         "params": program.params.describe(), "samples": len(logits),
         "classes": logits.argmax(axis=1).tolist(), "plain_classes": plain.argmax(axis=1).tolist(),
         "logits": logits.tolist(), "max_abs_error": float(np.abs(logits - plain).max()),
-        "timings": {"keygen": client.keygen_seconds, "encrypt": t1 - t0, "evaluate": server.last_run.seconds,
-                    "server_total": t2 - t1, "decrypt": t3 - t2},
-        "sizes": {"public_context": len(context), "input_ciphertext": len(query),
-                  "output_ciphertext": len(answer)},
+        "timings": {"keygen": client.keygen_seconds, "encrypt": trip.encrypt_s, "evaluate": trip.evaluate_s,
+                    "server_total": trip.server_s, "decrypt": trip.decrypt_s},
+        "sizes": {"public_context": len(context), "input_ciphertext": trip.input_bytes,
+                  "output_ciphertext": trip.output_bytes},
         "counts": server.last_run.counts,
     }
 
