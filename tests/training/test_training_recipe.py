@@ -116,7 +116,7 @@ def test_random_flip_flips_about_half() -> None:
 def test_augmentation_defaults_never_mirror_digits() -> None:
     assert resolve_augment("auto", "digits") == "shift" and resolve_augment("auto", "mnist") == "shift"
     assert resolve_augment("auto", "cifar10") == "flip-shift" and resolve_augment("auto", "my.npz") == "none"
-    assert resolve_augment("none", "cifar10") == "none"
+    assert resolve_augment("none", "cifar10") == "none" and resolve_augment("auto", "fashion-mnist") == "flip"
 
 
 def test_normalization_fit_and_apply() -> None:
