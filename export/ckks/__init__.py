@@ -88,6 +88,7 @@ def export_ckks(
     allow_insecure: bool = False,
     batch_memory_budget: int = BATCH_MEMORY_BUDGET,
     galois_key_budget: int = GALOIS_KEY_BUDGET,
+    samples_per_ciphertext: int | None = None,
 ) -> CKKSProgram:
     """Compile ``model`` (module or ONNX) into a CKKS program for ``layout`` ("single" or "batch").
 
@@ -95,6 +96,8 @@ def export_ckks(
     ``params`` / ``poly_modulus_degree`` / ``scale_bits``: overrides (insecure ones need ``allow_insecure``).
     ``galois_key_budget``: bytes of rotation keys in the public context; past it, rare rotations are
     composed from power-of-two keys (slower, smaller upload).
+    ``samples_per_ciphertext`` (single layout): interleave this many samples per ciphertext at the cost of
+    one; None takes as many as the widest tensor leaves room for (1 when it needs every slot).
     """
     from polyfhe.analysis import analyze
 
@@ -132,7 +135,11 @@ def export_ckks(
                 "GiB budget; use layout='single' or raise batch_memory_budget")
     try:
         max_keys = max(2 * params.slots.bit_length(), galois_key_budget // galois_key_bytes(params))
-        plan = plan_single(circuit, params.slots, max_keys) if layout == "single" else plan_batch(circuit)
+        if layout == "batch" and samples_per_ciphertext not in (None, 1):
+            raise LoweringError("samples_per_ciphertext applies to layout='single'; the batch layout already "
+                                "holds one sample per slot")
+        plan = (plan_single(circuit, params.slots, max_keys, samples_per_ciphertext) if layout == "single"
+                else plan_batch(circuit))
     except LoweringError as exc:
         raise CKKSExportError(f"{name}: {exc}") from exc
     info = {
@@ -145,8 +152,9 @@ def export_ckks(
         output_size=circuit.output_size, output=circuit.output, steps=tuple(plan.steps),
         galois_steps=tuple(plan.galois_steps), input_range=input_range, info=info,
         input_slots=plan.input_slots, output_slots=plan.output_slots,
+        samples_per_ciphertext=int(plan.stats.get("samples_per_ciphertext", 1)),
     )
     program = CKKSProgram.create(manifest, plan.arrays)
-    log.info("CKKS program %s: %s, %s, depth %d, %d Galois keys", program.program_id, layout, params.describe(),
-             circuit.depth, len(plan.galois_steps))
+    log.info("CKKS program %s: %s, %s, depth %d, %d Galois keys, %d sample(s) per ciphertext", program.program_id,
+             layout, params.describe(), circuit.depth, len(plan.galois_steps), manifest.samples_per_ciphertext)
     return program

@@ -7,6 +7,13 @@ log2(S/P) rotate-and-add steps. Only non-zero diagonals are kept; they are group
 (``k = g*B + a``), pre-rotated by ``g*B`` so that each giant group needs one rotation. P and B are chosen per
 map by counting rotations and plaintext products. Rotation steps used by all maps form the Galois key set.
 
+Several samples per ciphertext (single layout): when the widest register needs only ``V = S/k`` slots, the
+program is planned for a *virtual* ring of V slots and sample j of k lives in the real slots ``u*k + j``.
+A real rotation by ``r*k`` is then a cyclic rotation by r of every sample's virtual vector, and a plaintext
+vector ``v`` becomes ``repeat(v, k)``, so the plan is unchanged and k samples cost what one does. The Galois
+steps are stored as real steps (``r*k``); the executor scales rotations and repeats vectors
+(:class:`polyfhe.fhe.execute.InterleavedOps`).
+
 batch: one slot per sample and one ciphertext per tensor element; linear maps are sparse rows of scalars
 (CSR), no rotations and no Galois keys.
 """
@@ -210,8 +217,29 @@ def select_galois_steps(used: Counter, slots: int, max_keys: int | None) -> list
     return sorted(base | set(extra[: max_keys - len(base)]))
 
 
-def plan_single(circuit: Circuit, slots: int, max_galois_keys: int | None = None) -> Plan:
-    return _plan(circuit, "single", slots, max_galois_keys)
+def max_samples_per_ciphertext(circuit: Circuit, slots: int) -> int:
+    """Largest power of two k such that the widest register of the single layout fits ``slots / k`` slots."""
+    layouts = choose_layouts(circuit, slots)
+    widest = max(int(slot_of.max()) + 1 for slot_of in layouts.values())
+    if widest > slots:
+        raise LoweringError(f"a tensor of {widest} values does not fit {slots} slots; use a larger ring or "
+                            "layout='batch'")
+    return slots // _pow2_at_least(widest)
+
+
+def plan_single(circuit: Circuit, slots: int, max_galois_keys: int | None = None,
+                samples_per_ciphertext: int | None = None) -> Plan:
+    """Plan for ``samples_per_ciphertext`` interleaved samples (None: as many as fit, 1: one sample)."""
+    most = max_samples_per_ciphertext(circuit, slots)
+    lanes = most if samples_per_ciphertext is None else int(samples_per_ciphertext)
+    if lanes < 1 or lanes & (lanes - 1) or lanes > most:
+        raise LoweringError(f"samples_per_ciphertext={samples_per_ciphertext}: accepted are powers of two up to "
+                            f"{most} (the widest tensor needs {slots // most} of the {slots} slots)")
+    plan = _plan(circuit, "single", slots // lanes, max_galois_keys)
+    plan.galois_steps = sorted(step * lanes for step in plan.galois_steps)
+    plan.stats["samples_per_ciphertext"] = lanes
+    plan.stats["virtual_slots"] = slots // lanes
+    return plan
 
 
 def plan_batch(circuit: Circuit) -> Plan:

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from polyfhe.fhe.execute import pack_single
+from polyfhe.fhe.execute import pack_single, unpack_single
 from polyfhe.fhe.params import fingerprint_params
 from polyfhe.fhe.program import ProgramManifest
 from polyfhe.fhe.seal_backend import SealContext
@@ -78,18 +78,17 @@ class CKKSClient:
                              f"of shape {tuple(m.input_shape)}")
         arr = arr.astype(np.float64)
         per_sample = m.input_size
-        if m.layout == "single":
-            if arr.size != per_sample:
-                raise InputError(f"input of shape {arr.shape} has {arr.size} values; this program takes one sample "
-                                 f"of shape {tuple(m.input_shape)} ({per_sample} values)")
+        if arr.size == per_sample:
             arr = arr.reshape(1, per_sample)
-        else:
-            if arr.size % per_sample or (arr.ndim > 1 and int(np.prod(arr.shape[1:])) != per_sample):
-                raise InputError(f"input of shape {arr.shape} is not a batch of samples of shape "
-                                 f"{tuple(m.input_shape[1:])} ({per_sample} values each)")
+        elif arr.ndim > 1 and arr.shape[0] > 0 and int(np.prod(arr.shape[1:])) == per_sample:
             arr = arr.reshape(-1, per_sample)
-            if len(arr) > m.params.slots:
-                raise InputError(f"batch of {len(arr)} samples exceeds the {m.params.slots} slots of one ciphertext")
+        else:
+            raise InputError(f"input of shape {arr.shape} is neither one sample of shape {tuple(m.input_shape)} "
+                             f"({per_sample} values) nor a batch (n, ...) of such samples")
+        capacity = m.samples_per_ciphertext if m.layout == "single" else m.params.slots
+        if len(arr) > capacity:
+            raise InputError(f"{len(arr)} samples exceed the {capacity} this program packs into one ciphertext "
+                             f"({m.layout} layout); encrypt them in chunks of {capacity}")
         if not np.all(np.isfinite(arr)):
             raise InputError("input contains NaN or infinite values")
         lo, hi = m.input_range
@@ -100,10 +99,11 @@ class CKKSClient:
         return arr
 
     def encrypt(self, x) -> bytes:
+        """One sample, or a batch (n, ...) of up to ``samples_per_ciphertext`` (single) or ``slots`` (batch)."""
         arr = self._check_input(x)
         sa = self.seal.sa
         if self.manifest.layout == "single":
-            columns = [pack_single(self.manifest, arr[0])]  # the program's public slot packing
+            columns = [pack_single(self.manifest, arr)]  # the program's public slot packing
         else:
             columns = [arr[:, i] for i in range(arr.shape[1])]
         sections = {}
@@ -125,6 +125,9 @@ class CKKSClient:
         expected = 1 if self.manifest.layout == "single" else self.manifest.output_size
         if count != expected or len(box.sections) != count:
             raise WireError(f"result holds {count} ciphertexts, expected {expected}")
+        capacity = self.manifest.samples_per_ciphertext if self.manifest.layout == "single" else self.seal.slots
+        if not 1 <= samples <= capacity:
+            raise WireError(f"result claims {samples} samples; one ciphertext of this program holds 1 to {capacity}")
         values = []
         for i in range(count):
             ct = self.seal.load("ciphertext", box.sections[f"ct{i}"])
@@ -132,5 +135,5 @@ class CKKSClient:
             self._decryptor.decrypt(ct, pt)
             values.append(np.asarray(self.seal.encoder.decode_double(pt)))
         if self.manifest.layout == "single":
-            return values[0][list(self.manifest.output_slots)].reshape(1, -1)
+            return unpack_single(self.manifest, values[0], samples)
         return np.stack([v[:samples] for v in values], axis=1)

@@ -18,7 +18,7 @@ import numpy as np
 
 from polyfhe.fhe.program import CKKSProgram, Step
 
-__all__ = ["NumpyOps", "SlotOps", "execute", "pack_single", "run_plain"]
+__all__ = ["InterleavedOps", "NumpyOps", "SlotOps", "execute", "pack_single", "run_plain", "unpack_single"]
 
 ZERO_ROW_WEIGHT = 2.0**-30
 
@@ -79,6 +79,27 @@ class NumpyOps:
 
     def relin_rescale(self, ct):
         return ct
+
+
+class InterleavedOps:
+    """k samples per ciphertext: sample j in real slots ``u*k + j``. The plan works on ``slots/k`` virtual slots;
+    a virtual rotation by r is a real one by ``r*k`` and a virtual plaintext vector is repeated k times."""
+
+    def __init__(self, inner: SlotOps, lanes: int) -> None:
+        self.inner, self.lanes = inner, lanes
+        self.slots = inner.slots // lanes
+
+    def rotate(self, ct, step):
+        return self.inner.rotate(ct, step * self.lanes)
+
+    def mul_vector(self, ct, vec, key):
+        return self.inner.mul_vector(ct, np.repeat(vec, self.lanes), key)
+
+    def add_vector(self, ct, vec, key):
+        return self.inner.add_vector(ct, np.repeat(vec, self.lanes), key)
+
+    def __getattr__(self, name):  # level, drop_to, mul_scalar, add, add_scalar, rescale, multiply, relin_rescale
+        return getattr(self.inner, name)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -237,6 +258,8 @@ def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: 
             threads: int | None = None) -> Any:
     """Run every step; registers are freed after their last use to bound memory."""
     manifest = program.manifest
+    if manifest.layout == "single" and manifest.samples_per_ciphertext > 1:
+        ops = InterleavedOps(ops, manifest.samples_per_ciphertext)
     regs: dict[int, Any] = {0: encrypted_input}
     last = _last_use(program)
     run = RunContext(default_threads() if threads is None else threads)
@@ -258,12 +281,26 @@ def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: 
 
 
 def pack_single(manifest, values: np.ndarray) -> np.ndarray:
-    """Slot vector for one sample: the program's public packing, repeated every ``input_period`` slots."""
-    slots = manifest.params.slots
-    period = int(manifest.info.get("input_period", slots))
-    vec = np.zeros(period)
-    vec[list(manifest.input_slots)] = values
-    return np.tile(vec, slots // period)
+    """Slot vector for up to ``samples_per_ciphertext`` samples (rows of ``values``): the program's public packing.
+
+    Each sample's virtual vector repeats its input every ``input_period`` slots; sample j goes to the real slots
+    ``u*k + j``; unused lanes stay zero.
+    """
+    rows = np.atleast_2d(np.asarray(values, dtype=np.float64))
+    lanes, virtual = manifest.samples_per_ciphertext, manifest.virtual_slots
+    if len(rows) > lanes:
+        raise ValueError(f"{len(rows)} samples do not fit one ciphertext of this program ({lanes} per ciphertext)")
+    period = int(manifest.info.get("input_period", virtual))
+    grid = np.zeros((lanes, period))
+    grid[: len(rows), list(manifest.input_slots)] = rows
+    return np.tile(grid, (1, virtual // period)).T.reshape(-1)
+
+
+def unpack_single(manifest, vec: np.ndarray, samples: int) -> np.ndarray:
+    """(samples, output_size) from a decoded slot vector of the single layout (inverse of the packing)."""
+    lanes = manifest.samples_per_ciphertext
+    grid = np.asarray(vec)[: manifest.params.slots].reshape(-1, lanes).T
+    return grid[:samples][:, list(manifest.output_slots)]
 
 
 def run_plain(program: CKKSProgram, x: np.ndarray) -> np.ndarray:
@@ -273,12 +310,13 @@ def run_plain(program: CKKSProgram, x: np.ndarray) -> np.ndarray:
     if flat.shape[1] != m.input_size:
         raise ValueError(f"input has {flat.shape[1]} values per sample, the program takes {m.input_size}")
     if m.layout == "single":
-        slots = m.params.slots
+        lanes = m.samples_per_ciphertext
         outs = []
-        for row in flat:
-            vec = pack_single(m, row)
-            outs.append(execute(program, NumpyOps(slots), vec)[list(m.output_slots)])
-        return np.stack(outs)
+        for start in range(0, len(flat), lanes):  # the real interleaved packing, as under encryption
+            chunk = flat[start:start + lanes]
+            vec = execute(program, NumpyOps(m.params.slots), pack_single(m, chunk))
+            outs.append(unpack_single(m, vec, len(chunk)))
+        return np.concatenate(outs)
     ops = NumpyOps(len(flat))
     result = execute(program, ops, [flat[:, i].copy() for i in range(m.input_size)])
     return np.stack(result, axis=1)

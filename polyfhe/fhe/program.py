@@ -70,6 +70,7 @@ class ProgramManifest:
     info: dict[str, Any] = field(default_factory=dict)  # model name, degree, depth, calibration, errors
     input_slots: tuple[int, ...] = ()  # single layout: the slot of each input element (public packing)
     output_slots: tuple[int, ...] = ()  # single layout: the slot of each output element
+    samples_per_ciphertext: int = 1  # single layout: k interleaved samples (sample j in slots u*k + j)
     program_id: str = ""
     format: str = FORMAT
 
@@ -80,6 +81,7 @@ class ProgramManifest:
             "output_size": self.output_size, "output": self.output, "steps": [s.to_dict() for s in self.steps],
             "galois_steps": list(self.galois_steps), "input_range": list(self.input_range), "info": self.info,
             "input_slots": list(self.input_slots), "output_slots": list(self.output_slots),
+            "samples_per_ciphertext": self.samples_per_ciphertext,
         }
 
     @classmethod
@@ -89,6 +91,11 @@ class ProgramManifest:
         if d.get("layout") not in LAYOUTS:
             raise ProgramError(f"unknown layout {d.get('layout')!r}; accepted: {list(LAYOUTS)}")
         try:
+            lanes = int(d.get("samples_per_ciphertext", 1))
+            slots = CKKSParams.from_dict(d["params"]).slots
+            if lanes < 1 or lanes & (lanes - 1) or slots % lanes or (lanes > 1 and d["layout"] != "single"):
+                raise ValueError(f"samples_per_ciphertext={lanes} must be a power of two dividing the {slots} "
+                                 "slots, and 1 outside the single layout")
             return cls(
                 layout=d["layout"], params=CKKSParams.from_dict(d["params"]),
                 input_shape=tuple(int(i) for i in d["input_shape"]), input_size=int(d["input_size"]),
@@ -98,10 +105,15 @@ class ProgramManifest:
                 input_range=(float(d["input_range"][0]), float(d["input_range"][1])),
                 info=dict(d.get("info", {})), program_id=str(d.get("program_id", "")),
                 input_slots=tuple(int(i) for i in d.get("input_slots", [])),
-                output_slots=tuple(int(i) for i in d.get("output_slots", [])),
+                output_slots=tuple(int(i) for i in d.get("output_slots", [])), samples_per_ciphertext=lanes,
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ProgramError(f"malformed program manifest: {type(exc).__name__}: {exc}") from exc
+
+    @property
+    def virtual_slots(self) -> int:
+        """Slots one sample of the single layout spans (the plan's ring); all slots when one per ciphertext."""
+        return self.params.slots // self.samples_per_ciphertext
 
     @property
     def depth(self) -> int:

@@ -85,7 +85,11 @@ class CKKSServer:
                 raise WireError("input ciphertexts must be fresh (top level, two components)")
             if abs(ct.scale / m.params.scale - 1.0) > 1e-6:
                 raise WireError(f"input ciphertext scale {ct.scale:.6g} != program scale 2^{m.params.scale_bits}")
-        return cts, int(box.header.get("samples", 1))
+        samples = box.header.get("samples", 1)
+        capacity = m.samples_per_ciphertext if m.layout == "single" else m.params.slots
+        if not isinstance(samples, int) or not 1 <= samples <= capacity:
+            raise WireError(f"input claims {samples!r} samples; one ciphertext of this program holds 1 to {capacity}")
+        return cts, samples
 
     def run(self, data: bytes) -> bytes:
         """Evaluate the program on an encrypted input (bytes in, bytes out)."""

@@ -150,3 +150,15 @@ def test_program_roundtrip_and_tamper_detection(tmp_path):
         load_program(tmp_path / "p")
     with pytest.raises(ProgramError, match="missing"):
         load_program(tmp_path / "nothing")
+
+
+def test_manifest_refuses_bad_samples_per_ciphertext(tmp_path):
+    _, _, x, _ = digits()
+    prog = export_ckks(digits_mlp(), calibration=x[:32], input_shape=(1, 8, 8))
+    prog.save(tmp_path)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    for bad in (3, 0, 1 << 30):
+        manifest["samples_per_ciphertext"] = bad
+        (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(ProgramError, match="samples_per_ciphertext"):
+            load_program(tmp_path)

@@ -7,9 +7,9 @@ import logging
 import numpy as np
 import pytest
 import torch
-from ckks_testlib import accuracy, digits, digits_mlp, square_cnn
+from ckks_testlib import accuracy, digits, digits_mlp, square_cnn, train
 
-from polyfhe.export.ckks import export_ckks
+from polyfhe.export.ckks import CKKSExportError, export_ckks
 from polyfhe.fhe.client import InputError
 from polyfhe.fhe.seal_backend import SerializationError
 from polyfhe.fhe.wire import WireError
@@ -33,11 +33,19 @@ def mlp_single():
     return model, prog, client, prog.server(client.public_context())
 
 
+def _encrypted_in_chunks(prog, client, server, x) -> np.ndarray:
+    """Logits of all rows of x, ``samples_per_ciphertext`` interleaved samples per encrypted query."""
+    lanes = prog.manifest.samples_per_ciphertext
+    return np.concatenate([client.decrypt(server.run(client.encrypt(x[i:i + lanes])))
+                           for i in range(0, len(x), lanes)])
+
+
 def test_digits_mlp_single_agrees_on_100_samples(mlp_single):
-    model, _, client, server = mlp_single
+    model, prog, client, server = mlp_single
     _, _, x, y = digits()
     x = x[:100]
-    enc = np.concatenate([client.decrypt(server.run(client.encrypt(row))) for row in x])
+    assert prog.manifest.samples_per_ciphertext > 1  # 64 inputs in 4096 slots: samples share a ciphertext
+    enc = _encrypted_in_chunks(prog, client, server, x)
     plain = _plain(model, x)
     err = float(np.abs(enc - plain).max())
     log.info("digits MLP single: max abs error %.3g, plaintext accuracy %.3f", err, accuracy(model, x, y[:100]))
@@ -73,37 +81,61 @@ def test_square_cnn_single_agrees():
     assert np.abs(enc - plain).max() < 1e-2 * max(1.0, np.abs(plain).max())
 
 
-def _calibrated_zoo(name: str) -> torch.nn.Module:
-    """A zoo FHE recipe at 8x8 with BN statistics from digits (untrained weights, random head)."""
-    torch.manual_seed(0)
-    model = create_model(name, img_size=8)
-    x, _, _, _ = digits()
-    model.train()
-    for m in model.modules():
-        if getattr(m, "momentum", None) is not None:
-            m.momentum = 1.0  # one batch: the statistics of exactly these images
-    with torch.no_grad():
-        model(torch.tensor(x[:256], dtype=torch.float32))
-        for p in model.parameters():
-            if p.dim() >= 2 and not p.abs().sum():
-                p.normal_(0, 0.05)  # the reference init zeroes the head: give it a decision to compare
-    return model.eval()
+def test_one_ciphertext_holds_several_samples_or_one(mlp_single):
+    """Interleaved samples give each sample's own logits; a one-sample program gives the same numbers."""
+    model, prog, client, server = mlp_single
+    _, _, x, _ = digits()
+    lanes = prog.manifest.samples_per_ciphertext
+    rows = x[:lanes - 3]  # a partly filled ciphertext: unused lanes must not leak into the used ones
+    enc = client.decrypt(server.run(client.encrypt(rows)))
+    assert enc.shape == (len(rows), 10)
+    np.testing.assert_allclose(enc, _plain(model, rows), atol=1e-3)
+    with pytest.raises(InputError, match=f"chunks of {lanes}"):
+        client.encrypt(x[: lanes + 1])
+    one = export_ckks(model, calibration=x[:128], input_shape=(1, 8, 8), samples_per_ciphertext=1)
+    assert one.manifest.samples_per_ciphertext == 1
+    assert {s // lanes for s in prog.manifest.galois_steps} == set(one.manifest.galois_steps)
+    np.testing.assert_allclose(one.run_plain(x[:5]), prog.run_plain(x[:5]), atol=1e-9)
+    single_client = one.client()
+    got = single_client.decrypt(one.server(single_client.public_context()).run(single_client.encrypt(x[0])))
+    np.testing.assert_allclose(got, enc[:1], atol=1e-3)
+
+
+def test_samples_per_ciphertext_must_fit():
+    _, _, x, _ = digits()
+    with pytest.raises(CKKSExportError, match="powers of two up to"):
+        export_ckks(digits_mlp(), calibration=x[:32], input_shape=(1, 8, 8), samples_per_ciphertext=3)
+    with pytest.raises(CKKSExportError, match="powers of two up to"):
+        export_ckks(digits_mlp(), calibration=x[:32], input_shape=(1, 8, 8), samples_per_ciphertext=1 << 20)
+    with pytest.raises(CKKSExportError, match="layout='single'"):
+        export_ckks(digits_mlp(), calibration=x[:32], input_shape=(1, 8, 8), layout="batch",
+                    samples_per_ciphertext=4)
+
+
+ZOO_SAMPLES = 256  # a few hundred digits test images, 16 per ciphertext
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["monet_fhe_bn", "cpolynext_fhe_bn"])
-def test_zoo_fhe_recipe_encrypted_matches_plaintext(name):
-    model = _calibrated_zoo(name)
-    _, _, x, _ = digits()
-    prog = export_ckks(model, calibration=x[:64])
+def test_trained_zoo_recipe_encrypted_agrees_on_256_test_images(name):
+    """The FHE-sized recipes (8x8 digits variant), trained, folded and encrypted: argmax equal on 256 images."""
+    torch.manual_seed(0)
+    model = train(create_model(name, img_size=8), epochs=15, lr=0.002)
+    _, _, x, y = digits()
+    x, y = x[:ZOO_SAMPLES], y[:ZOO_SAMPLES]
+    prog = export_ckks(model, calibration=x[:128])
     assert prog.params.security == "tc128" and prog.params.levels <= 19
-    plain = _plain(model, x[:3])
-    np.testing.assert_allclose(prog.run_plain(x[:3]), plain, rtol=1e-3, atol=1e-4)
+    plain = _plain(model, x)
+    np.testing.assert_allclose(prog.run_plain(x), plain, rtol=1e-3, atol=1e-4)
     client = prog.client()
     server = prog.server(client.public_context())
-    enc = np.concatenate([client.decrypt(server.run(client.encrypt(row))) for row in x[:3]])
+    enc = _encrypted_in_chunks(prog, client, server, x)
+    err = float(np.abs(enc - plain).max())
+    log.info("%s single, %d per ciphertext: %d samples, max abs error %.3g, accuracy %.3f", name,
+             prog.manifest.samples_per_ciphertext, len(x), err, accuracy(model, x, y))
+    assert accuracy(model, x, y) > 0.8
     assert np.array_equal(enc.argmax(1), plain.argmax(1))
-    assert np.abs(enc - plain).max() < 1e-2 * max(1.0, np.abs(plain).max())
+    assert err < 1e-2 * max(1.0, np.abs(plain).max())
 
 
 # ---------------------------------------------------------------------------------------------------------------
