@@ -20,3 +20,10 @@ def _int_at_least(minimum: int, what: str):
 
 positive_int = _int_at_least(1, "a positive integer")
 non_negative_int = _int_at_least(0, "a non-negative integer")
+
+
+def power_of_two(text: str) -> int:
+    value = positive_int(text)
+    if value & (value - 1):
+        raise argparse.ArgumentTypeError(f"expected a power of two (1, 2, 4, ...), got {text}")
+    return value

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from polyfhe.commands.arguments import positive_int
+from polyfhe.commands.arguments import positive_int, power_of_two
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_NOT_EXPORTABLE", "ExportInputError", "add_parser", "load_calibration",
            "read_array", "resolve_model", "run"]
@@ -48,6 +48,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
     p.add_argument("--layout", choices=("single", "batch"), default="single",
                    help="ckks: one sample per ciphertext (low latency) or one sample per slot (throughput)")
+    p.add_argument("--samples-per-ciphertext", type=power_of_two, metavar="K",
+                   help="single layout: interleave K samples per ciphertext (a power of two; default: as many "
+                        "as fit beside the widest tensor)")
     p.add_argument("--calibration", metavar="SOURCE_OR_NPY",
                    help="dataset name/path or .npy/.npz images "
                         "(default: digits for 1x8x8, fashion-mnist for 1x28x28)")
@@ -253,7 +256,8 @@ def _export_ckks(console: Any, model: Any, name: str, shape: tuple[int, ...] | N
     from polyfhe.export.ckks import export_ckks
 
     kwargs = {} if isinstance(model, Path) else {"input_shape": shape}
-    program = export_ckks(model, calibration=calibration, layout=args.layout, **kwargs)
+    program = export_ckks(model, calibration=calibration, layout=args.layout,
+                          samples_per_ciphertext=args.samples_per_ciphertext, **kwargs)
     program.save(args.out)
     console.print(summary_table(program, args.out, name))
     console.print(f"[green]saved[/] CKKS program to {args.out}; run it with "
@@ -281,6 +285,7 @@ def summary_table(program: Any, out: Path, name: str) -> Any:
         ("model", name), ("program id", m.program_id), ("layout", m.layout),
         ("input shape", " x ".join(map(str, m.input_shape))), ("outputs", m.output_size),
         ("ring N", p.poly_modulus_degree), ("slots", p.slots),
+        ("samples per ciphertext", m.samples_per_ciphertext if m.layout == "single" else f"up to {p.slots}"),
         ("modulus chain (bits)", f"{list(p.coeff_mod_bits)} = {p.total_bits} (security {p.security})"),
         ("scale", f"2^{p.scale_bits}"), ("levels used / available", f"{m.depth} / {p.levels}"),
         ("degree", info.get("degree", "-")), ("linear maps / ct x ct products",

@@ -3,7 +3,8 @@
 Plays both roles in one process, as a demonstration: the client generates keys and encrypts, the server
 sees only the public context and ciphertexts, the client decrypts. The result is compared with the
 compiled program run on plaintext (``run_plain``). FILE is an ``.npy`` array, an ``.npz`` with array ``x``
-(its first sample; all samples for a batch-layout program) or an image (``.png``/``.jpg``: converted to the
+(up to as many samples as one ciphertext holds: ``samples_per_ciphertext`` for the single layout, a slot
+each for the batch layout) or an image (``.png``/``.jpg``: converted to the
 program's channels and size, scaled to [0, 1]).
 
 Exit codes: 0 ran; 2 bad input (missing or unreadable program or file, wrong shape, not an image).
@@ -54,10 +55,9 @@ def _read_npz(path: Path, manifest: Any) -> np.ndarray:
         if "x" not in data.files:
             raise RunInputError(f"{path} holds arrays {data.files}; expected one named 'x'")
         x = data["x"]
-    batch = manifest.layout == "batch"
-    if not batch and x.size != manifest.input_size:
-        x = x[:1]  # a stack of samples: the single layout takes the first
-    return _fit(x, manifest, path, all_samples=batch)
+    if manifest.layout == "single" and x.size != manifest.input_size:
+        x = x[: _capacity(manifest)]  # a stack of samples: as many as one ciphertext interleaves
+    return _fit(x, manifest, path, all_samples=True)
 
 
 def _read_image(path: Path, manifest: Any) -> np.ndarray:
@@ -88,8 +88,13 @@ def _chw(manifest: Any) -> tuple[int, ...]:
     return shape if len(shape) == 3 else (1, 1, int(np.prod(shape)))
 
 
+def _capacity(manifest: Any) -> int:
+    """Samples one input ciphertext holds: a slot each (batch), or the interleaved samples (single)."""
+    return manifest.params.slots if manifest.layout == "batch" else manifest.samples_per_ciphertext
+
+
 def _fit(x: np.ndarray, manifest: Any, path: Path, all_samples: bool) -> np.ndarray:
-    """Reshape to (samples, *input_shape[1:]); one sample for the single layout."""
+    """Reshape to (samples, *input_shape[1:]), at most as many samples as one ciphertext holds."""
     shape = tuple(manifest.input_shape[1:])
     x = np.asarray(x)
     if x.dtype.kind not in "fiub":
@@ -98,12 +103,13 @@ def _fit(x: np.ndarray, manifest: Any, path: Path, all_samples: bool) -> np.ndar
     if x.size == n:
         return x.astype(np.float64).reshape(1, *shape)
     stacked = x.ndim >= 2 and int(np.prod(x.shape[1:])) == n
-    if stacked and all_samples and manifest.layout == "batch":
-        if len(x) > manifest.params.slots:
-            raise RunInputError(f"{path} holds {len(x)} samples; one ciphertext takes at most "
-                                f"{manifest.params.slots}")
+    capacity = _capacity(manifest)
+    if stacked and all_samples and len(x) > 0:
+        if len(x) > capacity:
+            raise RunInputError(f"{path} holds {len(x)} samples; one ciphertext of this program takes at most "
+                                f"{capacity}")
         return x.astype(np.float64).reshape(-1, *shape)
-    what = "one sample" if manifest.layout == "single" else f"up to {manifest.params.slots} samples"
+    what = "one sample" if capacity == 1 else f"up to {capacity} samples"
     raise RunInputError(f"{path} holds an array of shape {x.shape}; this {manifest.layout}-layout program "
                         f"takes {what} of shape {shape} ({n} values each)")
 
@@ -152,7 +158,7 @@ def encrypted_run(program: Any, x: np.ndarray) -> dict:
     client = program.client()
     context = client.public_context()
     server = program.server(context)
-    trip = timed_round_trip(client, server, x[0] if program.manifest.layout == "single" else x)
+    trip = timed_round_trip(client, server, x)
     logits = trip.logits
     plain = program.run_plain(x)
     return {

@@ -90,6 +90,36 @@ def test_run_npy_and_png_match_plaintext_class(exported, tmp_path, capsys):
     assert result["sizes"]["input_ciphertext"] > 0 and result["timings"]["evaluate"] > 0
 
 
+@pytest.mark.fhe
+def test_run_several_samples_in_one_single_layout_ciphertext(exported, tmp_path, capsys):
+    onnx_path, prog, x = exported
+    lanes = json.loads((prog / "manifest.json").read_text())["samples_per_ciphertext"]
+    assert lanes >= 4
+    np.savez(tmp_path / "x.npz", x=x[:4])
+    assert main(["run", str(prog), "--input", str(tmp_path / "x.npz"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    want = np.stack([_onnx_logits(onnx_path, row) for row in x[:4]])
+    assert np.allclose(result["logits"], want, atol=1e-3)
+    np.save(tmp_path / "many.npy", np.resize(x, (lanes + 1, 1, 8, 8)))
+    assert main(["run", str(prog), "--input", str(tmp_path / "many.npy")]) == 2
+    assert f"at most {lanes}" in capsys.readouterr().err
+
+
+def test_export_samples_per_ciphertext_option(exported, tmp_path, capsys):
+    onnx_path, _, _ = exported
+    calib = str(onnx_path.parent / "calib.npy")
+    assert main(["export", str(onnx_path), "--out", str(tmp_path / "one"), "--calibration", calib,
+                 "--samples-per-ciphertext", "1"]) == 0
+    assert json.loads((tmp_path / "one" / "manifest.json").read_text())["samples_per_ciphertext"] == 1
+    assert "samples per ciphertext" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:  # argparse: not a power of two
+        main(["export", str(onnx_path), "--out", str(tmp_path / "bad"), "--samples-per-ciphertext", "3"])
+    assert exc.value.code == 2 and "power of two" in capsys.readouterr().err
+    assert main(["export", str(onnx_path), "--out", str(tmp_path / "big"), "--calibration", calib,
+                 "--samples-per-ciphertext", "4096"]) == 1  # more than fit beside the widest tensor
+    assert "powers of two up to 64" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("name", "make", "message"),
     [
