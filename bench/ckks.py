@@ -16,8 +16,6 @@ import argparse
 import json
 import logging
 import multiprocessing
-import os
-import platform
 import resource
 import statistics
 import sys
@@ -28,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ckks_naive import Square, estimate_naive, run_naive
+from machine_info import machine_info
 
 log = logging.getLogger("bench.ckks")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -244,20 +243,12 @@ def machine() -> dict:
     from polyfhe.fhe.params import CKKSParams
     from polyfhe.fhe.seal_backend import SealContext
 
-    cpu = platform.processor() or "unknown"
-    if Path("/proc/cpuinfo").is_file():
-        names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                 if ln.startswith("model name")]
-        cpu = names[0] if names else cpu
     seal = SealContext(CKKSParams(8192, (40, 40), 30))
     pk = seal.sa.PublicKey()
     seal.sa.KeyGenerator(seal.context).create_public_key(pk)
     header = seal.dump(pk)  # SEALHeader: magic 5E A1, size, major, minor
     seal_version = f"{header[3]}.{header[4]}" if header[:2] == b"\x5e\xa1" else "unknown"
-    return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
-            "load_avg_1m": os.getloadavg()[0], "python": platform.python_version(),
-            "tenseal": getattr(tenseal, "__version__", "unknown"), "seal": seal_version,
-            "platform": platform.platform()}
+    return {**machine_info(), "tenseal": getattr(tenseal, "__version__", "unknown"), "seal": seal_version}
 
 
 def _fmt(value, unit: str = "") -> str:

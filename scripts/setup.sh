@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh machine: .venv/ at the repository root, torch first (CPU wheel),
-# then polyfhe in editable mode with its development extras, then the Fashion-MNIST data when apt can install it.
+# then polyfhe in editable mode with its development extras, then the Fashion-MNIST data and Debian's chromium
+# (for the web-page test of the demo server) when apt can install them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,4 +39,16 @@ elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
   fi
 else
   echo "[setup] Fashion-MNIST is missing and apt-get is not usable here; jobs fall back to scikit-learn's digits"
+fi
+
+# Headless Chromium for the demo server's web-page test (tests/serve/test_browser.py, driven by playwright).
+if command -v chromium >/dev/null 2>&1; then
+  echo "[setup] chromium found"
+elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+  echo "[setup] installing Debian's chromium"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; then
+    echo "[setup] could not install chromium; the browser test will fail until it is installed (apt-get install chromium)"
+  fi
+else
+  echo "[setup] chromium is missing and apt-get is not usable here; the browser test will fail until it is installed"
 fi

@@ -189,5 +189,26 @@ def run(args: argparse.Namespace) -> int:
         from polyfhe.zoo import zoo_rows
 
         console.print(render_table(zoo_rows(with_analyzer=True)))
+    checkpoint = out_dir / "calibrated" if calibration is not None else Path(result.out_dir)
+    # raw [0, 1] images: a program exported from the checkpoint folds the normalisation into its first layer
+    serve_commands(console, out_dir, checkpoint, m.model, data.x_train[:CALIBRATION_IMAGES], data.x_test[:1],
+                   {"accuracy": folded_acc, "dataset": data.name, "test_images": n})
     console.print(f"[bold]done[/] in {time.perf_counter() - start:.0f} s; files in {out_dir}")
     return 0
+
+
+def serve_commands(console: Console, out_dir: Path, checkpoint: Path, name: str, calib_x: np.ndarray,
+                   sample: np.ndarray, card: dict) -> None:
+    """Print how to serve this run encrypted; writes the small files those commands use (images in [0, 1])."""
+    programs = out_dir / "programs"
+    (programs / name).mkdir(parents=True, exist_ok=True)
+    (programs / name / "card.json").write_text(json.dumps(card) + "\n")  # accuracy shown by the web page
+    np.save(out_dir / "ckks_calibration.npy", np.asarray(calib_x[:256], dtype=np.float32))
+    np.save(out_dir / "sample.npy", np.asarray(sample, dtype=np.float32))
+    console.print("[bold]encrypted inference over HTTP[/]: export a CKKS program, start the server, run the client:")
+    export = (f"polyfhe export {checkpoint} --target ckks --calibration {out_dir / 'ckks_calibration.npy'} "
+              f"--out {programs / name}")
+    for line in (export,
+                 f"polyfhe serve --programs {programs} --host 127.0.0.1 --port 8000",
+                 f"polyfhe client infer --server http://127.0.0.1:8000 --model {name} {out_dir / 'sample.npy'}"):
+        console.print(f"  {line}", soft_wrap=True, highlight=False, markup=False)

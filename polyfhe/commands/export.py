@@ -133,6 +133,13 @@ def _from_checkpoint(directory: Path, expect: str | None, overrides: dict) -> tu
     if clash:
         raise ExportInputError(f"checkpoint {directory} was built with "
                                f"{ {k: built.get(k) for k in clash} }; the overrides {clash} do not fit it")
+    normalization = info.extra.get("normalization")
+    if normalization is not None:  # trained on (x - mean) / std: exported programs take images in [0, 1]
+        from polyfhe.training.data import Normalization
+
+        model = Normalization.from_dict(normalization).prepend_to(model)
+        log.info("input normalisation %s folded into the exported model: it takes images in [0, 1]",
+                 normalization)
     return model.eval(), info.model_name, True
 
 

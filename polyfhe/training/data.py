@@ -57,6 +57,22 @@ class Normalization:
     def from_dict(cls, data: dict[str, Any]) -> Normalization:
         return cls(tuple(float(v) for v in data["mean"]), tuple(float(v) for v in data["std"]))
 
+    def prepend_to(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model`` fed by images in [0, 1]: this map becomes its first (constant affine) layer.
+
+        Exported programs then take raw images, and the CKKS compiler merges the affine into the first linear
+        map, so it costs no level. The wrapper keeps the attributes the exporters read.
+        """
+        from polyfhe.fold.primitives import ConstantAffine
+
+        std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
+        mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
+        wrapped = torch.nn.Sequential(ConstantAffine(1.0 / std, -mean / std), model)
+        for attr in ("input_shape", "num_classes", "model_name"):
+            if hasattr(model, attr):
+                setattr(wrapped, attr, getattr(model, attr))
+        return wrapped.train(model.training)
+
 
 @dataclass(frozen=True)
 class Splits:

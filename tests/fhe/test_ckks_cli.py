@@ -120,6 +120,39 @@ def test_export_samples_per_ciphertext_option(exported, tmp_path, capsys):
     assert "powers of two up to 64" in capsys.readouterr().err
 
 
+def test_export_of_a_checkpoint_takes_raw_images(tmp_path, capsys):
+    """A checkpoint trained on (x - mean) / std compiles to a program fed [0, 1] images, at no extra level."""
+    from polyfhe.checkpoint import save_checkpoint
+    from polyfhe.data.sources import load_digits
+    from polyfhe.fold import fold
+    from polyfhe.models.registry import create_model
+    from polyfhe.training.data import Normalization
+
+    kwargs = {"img_size": 8, "dims": (16,), "depths": (1,)}
+    torch.manual_seed(0)
+    model = create_model("monet_fhe_bn", **kwargs)
+    x = load_digits().x_train[:256].astype(np.float32)
+    norm = Normalization((0.3,), (0.4,))
+    with torch.no_grad():
+        model.train()(torch.from_numpy(norm.apply_numpy(x)))
+        model.head.weight.normal_(0, 0.1)
+    model.eval()
+    save_checkpoint(model, tmp_path / "ckpt", model_name="monet_fhe_bn", model_kwargs=kwargs,
+                    extra={"normalization": norm.to_dict()})
+    save_checkpoint(model, tmp_path / "raw", model_name="monet_fhe_bn", model_kwargs=kwargs)
+    for ckpt, out in (("ckpt", "prog"), ("raw", "plain")):  # default calibration: digits in [0, 1]
+        assert main(["export", str(tmp_path / ckpt), "--out", str(tmp_path / out)]) == 0
+    capsys.readouterr()
+    from polyfhe.fhe.program import load_program
+
+    prog = load_program(tmp_path / "prog")
+    with torch.no_grad():
+        want = fold(model)(torch.from_numpy(norm.apply_numpy(x[:8]))).numpy()
+    np.testing.assert_allclose(prog.run_plain(x[:8]), want, rtol=1e-4, atol=1e-4)
+    assert prog.manifest.input_range[0] >= 0.0 and prog.manifest.input_range[1] <= 1.0
+    assert prog.manifest.depth == load_program(tmp_path / "plain").manifest.depth  # merged: no extra level
+
+
 @pytest.mark.parametrize(
     ("name", "make", "message"),
     [

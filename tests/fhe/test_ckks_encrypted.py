@@ -116,6 +116,7 @@ ZOO_SAMPLES = 256  # a few hundred digits test images, 16 per ciphertext
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 16 ciphertexts of 16 images: 10-25 min per recipe on 2 cores
 @pytest.mark.parametrize("name", ["monet_fhe_bn", "cpolynext_fhe_bn"])
 def test_trained_zoo_recipe_encrypted_agrees_on_256_test_images(name):
     """The FHE-sized recipes (8x8 digits variant), trained, folded and encrypted: argmax equal on 256 images."""

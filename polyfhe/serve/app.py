@@ -1,0 +1,244 @@
+"""``create_app(config)``: the FastAPI application of the encrypted-inference demo server.
+
+Routes: ``GET /`` (web page), ``GET /healthz``, ``GET /metrics``, ``GET /v1/models``,
+``GET /v1/models/{name}/manifest``, ``GET /v1/stats``, ``POST /v1/sessions?model=NAME`` (public context in),
+``POST /v1/sessions/{id}/infer`` (ciphertext in, ciphertext out), ``DELETE /v1/sessions/{id}``.
+Every refusal is JSON ``{"error": code, "detail": sentence, "status": n}``. Nothing here logs a body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from polyfhe.fhe.seal_backend import SerializationError
+from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError
+from polyfhe.serve.bodies import declared_length, read_body
+from polyfhe.serve.config import ServeConfig
+from polyfhe.serve.errors import ApiError
+from polyfhe.serve.metrics import Metrics, rss_bytes
+from polyfhe.serve.page import index_html
+from polyfhe.serve.registry import Model, Registry
+from polyfhe.serve.sessions import Session, SessionStore
+from polyfhe.serve.uploads import check_upload
+from polyfhe.serve.workers import WorkPool
+
+__all__ = ["ServerState", "create_app"]
+
+log = logging.getLogger(__name__)
+
+OCTETS = "application/octet-stream"
+
+
+@dataclass
+class ServerState:
+    config: ServeConfig
+    registry: Registry
+    sessions: SessionStore
+    pool: WorkPool
+    metrics: Metrics
+
+    def stats(self) -> dict:
+        current, peak = rss_bytes()
+        return {**self.metrics.snapshot(), "sessions": self.sessions.stats(), "workers": self.pool.stats(),
+                "models": self.registry.names(), "rss_bytes": current, "peak_rss_bytes": peak,
+                "limits": self.config.limits()}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# work done on the worker threads
+# ------------------------------------------------------------------------------------------------------------
+def _load_context(config: ServeConfig, model: Model, body: bytes) -> Any:
+    try:
+        return model.program.server(body, max_context_bytes=config.max_context_bytes,
+                                    max_ciphertext_bytes=config.max_ciphertext_bytes)
+    except (WireError, SerializationError) as exc:
+        raise ApiError(400, "bad_context", f"the public context was refused: {exc}") from None
+
+
+def _evaluate(config: ServeConfig, session: Session, body: bytes) -> tuple[bytes, float]:
+    t0 = time.perf_counter()
+    if config.eval_delay_s:
+        time.sleep(config.eval_delay_s)
+    try:
+        out = session.server.run(body)
+    except (WireError, SerializationError) as exc:
+        raise ApiError(400, "bad_ciphertext", f"the ciphertext was refused: {exc}") from None
+    return out, time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------------------------------
+class _CountRequests:
+    """ASGI middleware: one counter per (route template, status); never looks at bodies."""
+
+    def __init__(self, app: Any, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = {"code": 500}
+        t0 = time.perf_counter()
+
+        async def send_wrapper(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")  # the template: no session id
+            self.metrics.request(route, status["code"])
+            log.info("%s %s -> %d in %.3f s", scope.get("method"), route, status["code"], time.perf_counter() - t0)
+
+
+def _error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+
+
+def create_app(config: ServeConfig, registry: Registry | None = None) -> FastAPI:
+    registry = registry if registry is not None else Registry(config.programs_dir)
+    state = ServerState(config, registry,
+                        SessionStore(config.session_ttl_s, config.max_sessions, config.key_budget_bytes,
+                                     config.expired_memory),
+                        WorkPool(config.max_concurrency, config.max_queue), Metrics())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        async def sweeper() -> None:
+            while True:  # frees the keys of idle sessions even when no request comes to trigger it
+                await asyncio.sleep(min(30.0, max(0.5, config.session_ttl_s / 4)))
+                state.sessions.sweep()
+
+        task = asyncio.create_task(sweeper())
+        log.info("serving %d models from %s: %s", len(registry.models), config.programs_dir, registry.names())
+        try:
+            yield
+        finally:
+            task.cancel()
+            state.pool.shutdown()
+
+    app = FastAPI(title="polyfhe encrypted inference", version="1", lifespan=lifespan, docs_url=None,
+                  redoc_url=None, openapi_url="/v1/openapi.json")
+    app.state.polyfhe = state
+    app.add_middleware(_CountRequests, metrics=state.metrics)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return _error_response(ApiError(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail)))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in exc.errors())
+        return _error_response(ApiError(400, "bad_request", problems))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
+        log.error("internal error: %s", type(exc).__name__)  # the type only: messages may quote input
+        return _error_response(ApiError(500, "internal_error", f"the server failed on this request "
+                                        f"({type(exc).__name__}); nothing was kept"))
+
+    def deadline() -> float:
+        return asyncio.get_running_loop().time() + config.request_timeout_s
+
+    def model_or_404(name: str | None) -> Model:
+        names = registry.names()
+        if not name:
+            raise ApiError(400, "missing_model", "name the model with ?model=NAME", extra={"models": names})
+        model = registry.get(name)
+        if model is None:
+            raise ApiError(404, "unknown_model", f"no model named {name!r}; this server has {names}",
+                           extra={"models": names})
+        return model
+
+    # -------------------------------------------------------------------------------------------------------
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(index_html())
+
+    @app.get("/healthz")
+    async def healthz() -> dict:
+        return {"status": "ok", "models": registry.names(), "sessions": len(state.sessions)}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> PlainTextResponse:
+        text = state.metrics.prometheus(state.sessions.stats(), state.pool.stats(), len(registry.models))
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/stats")
+    async def stats() -> dict:
+        return state.stats()
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"models": [registry.models[n].describe() for n in registry.names()], "limits": config.limits()}
+
+    @app.get("/v1/models/{name}/manifest")
+    async def manifest(name: str) -> dict:
+        """What a client needs to make keys and pack inputs (parameters, slots, rotations); no weights."""
+        return model_or_404(name).program.manifest.to_dict()
+
+    @app.post("/v1/sessions", status_code=201)
+    async def create_session(request: Request, model: str | None = None) -> JSONResponse:
+        until = deadline()
+        entry = model_or_404(model)
+        declared = declared_length(request, "public context", config.max_context_bytes)
+        reservation = state.sessions.reserve(declared or 0)
+        try:
+            grow = None if declared is not None else (lambda n: state.sessions.grow(reservation, n))
+            body = await read_body(request, "public context", config.max_context_bytes, until, grow)
+            check_upload(body, KIND_CONTEXT, entry.program)
+            t0 = time.perf_counter()
+            server = await state.pool.run(_load_context, config, entry, body, deadline=until,
+                                          what="loading the public context")
+            load_s = time.perf_counter() - t0
+            session = state.sessions.add(reservation, entry.name, server, len(body))
+        finally:
+            state.sessions.release(reservation)
+        entry.observed_context_bytes = len(body)
+        state.metrics.transfer(len(body), 0)
+        return JSONResponse({"session_id": session.id, "model": entry.name, "program_id": entry.program.program_id,
+                             "ttl_s": config.session_ttl_s, "context_bytes": len(body), "load_seconds": load_s,
+                             "max_ciphertext_bytes": config.max_ciphertext_bytes}, status_code=201)
+
+    @app.post("/v1/sessions/{session_id}/infer")
+    async def infer(session_id: str, request: Request) -> Response:
+        until = deadline()
+        session = state.sessions.acquire(session_id)
+        try:
+            body = await read_body(request, "ciphertext", config.max_ciphertext_bytes, until)
+            check_upload(body, KIND_CIPHERTEXT, session.server.program)
+            out, seconds = await state.pool.run(_evaluate, config, session, body, deadline=until,
+                                                what=f"inference in session {session.short_id()}")
+        finally:
+            state.sessions.done(session)
+        state.metrics.inference(seconds)
+        state.metrics.transfer(len(body), len(out))
+        log.info("session %s: inference in %.3f s (%d bytes in, %d out)", session.short_id(), seconds,
+                 len(body), len(out))
+        return Response(out, media_type=OCTETS, headers={"X-Polyfhe-Server-Seconds": f"{seconds:.6f}"})
+
+    @app.delete("/v1/sessions/{session_id}")
+    async def delete_session(session_id: str) -> dict:
+        session = state.sessions.delete(session_id)
+        return {"deleted": True, "model": session.model, "freed_key_bytes": session.key_bytes,
+                "requests": session.requests}
+
+    return app

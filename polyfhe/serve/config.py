@@ -1,0 +1,50 @@
+"""Limits and defaults of the demo server, in one frozen dataclass that the CLI fills from flags."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["MIB", "ServeConfig"]
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What the server accepts and how much it holds at once.
+
+    Sizes are bytes, times seconds. A public context with all its Galois keys can be about 1 GB for the
+    larger programs, hence the 2 GiB context limit; a ciphertext is a few MB at most.
+    """
+
+    programs_dir: Path
+    max_context_bytes: int = 2 << 30  # body of POST /v1/sessions
+    max_ciphertext_bytes: int = 64 * MIB  # body of POST /v1/sessions/{id}/infer
+    session_ttl_s: float = 15 * 60.0  # a session expires this long after its last use
+    max_sessions: int = 16
+    key_budget_bytes: int = 4 << 30  # uploaded public contexts held by all live sessions together
+    request_timeout_s: float = 300.0  # upload + queue + evaluation of one request
+    max_concurrency: int = os.cpu_count() or 1  # evaluations (and context loads) running at once
+    max_queue: int = 16  # requests waiting for a worker; beyond it: 503 with Retry-After
+    expired_memory: int = 4096  # ids of expired sessions remembered, to answer 410 instead of 404
+    eval_delay_s: float = 0.0  # testing aid: sleep this long in every evaluation (simulates a slow model)
+
+    def __post_init__(self) -> None:
+        for name in ("max_context_bytes", "max_ciphertext_bytes", "max_sessions", "key_budget_bytes",
+                     "max_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("session_ttl_s", "request_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_queue < 0 or self.eval_delay_s < 0:
+            raise ValueError("max_queue and eval_delay_s must not be negative")
+
+    def limits(self) -> dict:
+        """The limits as shown to clients (``/v1/models`` and the web page)."""
+        return {"max_context_bytes": self.max_context_bytes, "max_ciphertext_bytes": self.max_ciphertext_bytes,
+                "session_ttl_s": self.session_ttl_s, "max_sessions": self.max_sessions,
+                "key_budget_bytes": self.key_budget_bytes, "request_timeout_s": self.request_timeout_s,
+                "max_concurrency": self.max_concurrency, "max_queue": self.max_queue}

@@ -1,0 +1,132 @@
+"""The programs a server offers: one verified CKKS program per subfolder, plus a cached model card each."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polyfhe.fhe.program import CKKSProgram, ProgramError, load_program
+
+__all__ = ["CARD_FILE", "Model", "Registry", "RegistryError", "estimated_sizes"]
+
+log = logging.getLogger(__name__)
+
+CARD_FILE = "card.json"  # optional, beside manifest.json: {"accuracy": 0.89, "dataset": "fashion-mnist", ...}
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+CARD_KEYS = {"accuracy": float, "dataset": str, "description": str, "test_images": int}
+
+
+class RegistryError(ValueError):
+    """The programs folder is missing or holds no usable program."""
+
+
+def estimated_sizes(program: CKKSProgram) -> dict[str, int]:
+    """Uncompressed SEAL sizes in bytes; the zstd-serialised objects that travel are about 20% smaller."""
+    m, p = program.manifest, program.params
+    n, primes = p.poly_modulus_degree, len(p.coeff_mod_bits)
+    key = (primes - 1) * 2 * n * primes * 8  # one key-switching key: a ciphertext per data prime
+    ciphertexts = 1 if m.layout == "single" else m.input_size
+    return {"public_key": 2 * n * primes * 8, "relin_keys": key, "galois_keys": len(m.galois_steps) * key,
+            "public_context": (len(m.galois_steps) + 1) * key + 2 * n * primes * 8,
+            "input_ciphertext": ciphertexts * 2 * n * (primes - 1) * 8}
+
+
+def _read_card(folder: Path) -> dict[str, Any]:
+    """The optional ``card.json``: known keys with the right types; anything else is ignored with a warning."""
+    path = folder / CARD_FILE
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring %s: not readable JSON (%s)", path, exc)
+        return {}
+    if not isinstance(raw, dict):
+        log.warning("ignoring %s: expected a JSON object", path)
+        return {}
+    card = {}
+    for key, kind in CARD_KEYS.items():
+        if key in raw:
+            try:
+                card[key] = kind(raw[key])
+            except (TypeError, ValueError):
+                log.warning("ignoring %s in %s: expected %s", key, path, kind.__name__)
+    return card
+
+
+@dataclass
+class Model:
+    """A loaded program and what ``/v1/models`` shows about it."""
+
+    name: str
+    program: CKKSProgram
+    card: dict[str, Any] = field(default_factory=dict)
+    observed_context_bytes: int | None = None  # size of the last public context accepted for it
+
+    def describe(self) -> dict[str, Any]:
+        m, p = self.program.manifest, self.program.params
+        info = m.info
+        sizes = estimated_sizes(self.program)
+        out = {
+            "name": self.name, "program_id": m.program_id, "model_name": info.get("model_name"),
+            "layout": m.layout, "input_shape": list(m.input_shape), "classes": m.output_size,
+            "degree": info.get("degree"), "depth": m.depth, "levels": p.levels,
+            "params": p.to_dict(), "params_text": p.describe(), "galois_keys": len(m.galois_steps),
+            "input_range": list(m.input_range),
+            "key_sizes": {"estimated_public_context_bytes": sizes["public_context"],
+                          "estimated_galois_keys_bytes": sizes["galois_keys"],
+                          "estimated_relin_keys_bytes": sizes["relin_keys"],
+                          "observed_public_context_bytes": self.observed_context_bytes},
+            "estimated_ciphertext_bytes": sizes["input_ciphertext"],
+            "accuracy": self.card.get("accuracy"), "dataset": self.card.get("dataset"),
+            "card": self.card,
+        }
+        lanes = getattr(m, "samples_per_ciphertext", None)
+        if lanes is not None:
+            out["samples_per_ciphertext"] = int(lanes)
+        return out
+
+
+class Registry:
+    """Loads every program under a folder once, at start-up; a broken one is skipped with a warning."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.models: dict[str, Model] = {}
+        self.skipped: dict[str, str] = {}
+        if not self.root.is_dir():
+            raise RegistryError(f"programs folder {self.root} does not exist (export programs into "
+                                "subfolders with `polyfhe export MODEL --target ckks --out DIR/NAME`)")
+        folders = [self.root] if (self.root / "manifest.json").is_file() else sorted(
+            p for p in self.root.iterdir() if p.is_dir() and (p / "manifest.json").is_file())
+        for folder in folders:
+            self._add(folder)
+        if not self.models:
+            detail = "; ".join(f"{k}: {v}" for k, v in self.skipped.items()) or "no subfolder holds manifest.json"
+            raise RegistryError(f"no usable CKKS program under {self.root} ({detail}); export one with "
+                                "`polyfhe export MODEL --target ckks --out DIR/NAME`")
+
+    def _add(self, folder: Path) -> None:
+        name = folder.name
+        if not NAME_PATTERN.match(name):
+            self.skipped[name] = "folder name must be 1-64 letters, digits, '.', '_' or '-'"
+            log.warning("skipping program folder %r: %s", name, self.skipped[name])
+            return
+        try:
+            program = load_program(folder)
+        except ProgramError as exc:
+            self.skipped[name] = str(exc)
+            log.warning("skipping program %s: %s", name, exc)
+            return
+        self.models[name] = Model(name, program, _read_card(folder))
+        log.info("serving model %s (program %s, %s)", name, program.program_id, program.params.describe())
+
+    def get(self, name: str) -> Model | None:
+        return self.models.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self.models)

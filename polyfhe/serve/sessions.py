@@ -1,0 +1,196 @@
+"""Live sessions: one client's public context loaded for one model, with an idle TTL and a byte budget.
+
+Admission is decided before the upload is read (by Content-Length) and again while it streams in, through a
+:class:`Reservation` that holds a session slot and the bytes counted so far; so two uploads racing for the
+last slot or the last bytes cannot both win. Memory is counted as the uploaded context size (the loaded SEAL
+keys take about as much again as their zstd-compressed bytes).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from polyfhe.serve.errors import ApiError
+
+__all__ = ["Reservation", "Session", "SessionStore"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Session:
+    id: str
+    model: str
+    server: Any  # polyfhe.fhe.server.CKKSServer
+    key_bytes: int
+    created: float
+    last_used: float
+    requests: int = 0
+    busy: int = 0  # requests in flight; a busy session is not expired under them
+
+    def short_id(self) -> str:
+        return self.id[:8]  # enough to follow a session in the logs without printing the bearer token
+
+
+@dataclass
+class Reservation:
+    """A session slot and ``nbytes`` of key budget, held while a context uploads and loads."""
+
+    nbytes: int = 0
+    open: bool = True
+
+
+class SessionStore:
+    def __init__(self, ttl_s: float, max_sessions: int, budget_bytes: int, expired_memory: int = 4096,
+                 clock=time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.max_sessions = max_sessions
+        self.budget_bytes = budget_bytes
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._sessions: dict[str, Session] = {}
+        self._pending: list[Reservation] = []
+        self._expired: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._expired_memory = expired_memory
+        self.created_total = 0
+        self.expired_total = 0
+        self.deleted_total = 0
+
+    # ---------------------------------------------------------------------------------------- accounting
+    @property
+    def used_bytes(self) -> int:
+        return sum(s.key_bytes for s in self._sessions.values()) + sum(r.nbytes for r in self._pending)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def stats(self) -> dict:
+        with self._lock:
+            self._sweep_locked()
+            return {"active": len(self._sessions), "uploading": len(self._pending),
+                    "key_bytes": self.used_bytes, "key_budget_bytes": self.budget_bytes,
+                    "max_sessions": self.max_sessions, "ttl_s": self.ttl_s, "created_total": self.created_total,
+                    "expired_total": self.expired_total, "deleted_total": self.deleted_total}
+
+    def _retry_after(self) -> int:
+        now = self._clock()
+        idle = [s.last_used + self.ttl_s - now for s in self._sessions.values() if not s.busy]
+        return max(1, math.ceil(min(idle))) if idle else max(1, math.ceil(self.ttl_s))
+
+    def _check_budget(self, extra: int) -> None:
+        used = self.used_bytes
+        if extra > self.budget_bytes:
+            raise ApiError(507, "key_budget_exceeded",
+                           f"this public context ({extra} bytes) alone exceeds the server's key memory budget "
+                           f"of {self.budget_bytes} bytes; use a smaller program or ask for a larger budget",
+                           extra={"key_budget_bytes": self.budget_bytes})
+        if used + extra > self.budget_bytes:
+            raise ApiError(507, "key_budget_exceeded",
+                           f"the server's key memory budget is {self.budget_bytes} bytes, {used} are held by "
+                           f"{len(self._sessions)} sessions and uploads; {extra} more do not fit. Delete "
+                           "finished sessions (DELETE /v1/sessions/ID) or retry when idle ones expire",
+                           retry_after=self._retry_after(),
+                           extra={"key_budget_bytes": self.budget_bytes, "key_bytes_in_use": used})
+
+    # ---------------------------------------------------------------------------------------- admission
+    def reserve(self, nbytes: int) -> Reservation:
+        """A slot for one more session with ``nbytes`` (0 when unknown yet); 503 or 507 when full."""
+        with self._lock:
+            self._sweep_locked()
+            if len(self._sessions) + len(self._pending) >= self.max_sessions:
+                raise ApiError(503, "too_many_sessions",
+                               f"the server holds its maximum of {self.max_sessions} sessions; delete finished "
+                               "sessions (DELETE /v1/sessions/ID) or retry when idle ones expire "
+                               f"(sessions expire {self.ttl_s:g} s after their last use)",
+                               retry_after=self._retry_after(), extra={"max_sessions": self.max_sessions})
+            self._check_budget(nbytes)
+            reservation = Reservation(nbytes)
+            self._pending.append(reservation)
+            return reservation
+
+    def grow(self, reservation: Reservation, nbytes: int) -> None:
+        """Raise a reservation to ``nbytes`` as a body without Content-Length streams in; 507 past the budget."""
+        with self._lock:
+            if nbytes > reservation.nbytes:
+                self._check_budget(nbytes - reservation.nbytes)
+                reservation.nbytes = nbytes
+
+    def release(self, reservation: Reservation) -> None:
+        with self._lock:
+            self._drop_pending(reservation)
+
+    def _drop_pending(self, reservation: Reservation) -> None:
+        if reservation.open:
+            reservation.open = False
+            self._pending = [r for r in self._pending if r is not reservation]
+
+    def add(self, reservation: Reservation, model: str, server: Any, key_bytes: int) -> Session:
+        now = self._clock()
+        session = Session(secrets.token_urlsafe(24), model, server, key_bytes, now, now)
+        with self._lock:
+            self._drop_pending(reservation)
+            self._sessions[session.id] = session
+            self.created_total += 1
+        log.info("session %s opened for model %s (%d bytes of keys)", session.short_id(), model, key_bytes)
+        return session
+
+    # ---------------------------------------------------------------------------------------- use
+    def acquire(self, session_id: str) -> Session:
+        """The live session, marked busy until :meth:`done`; 410 if it expired, 404 if never known."""
+        with self._lock:
+            self._sweep_locked()
+            session = self._sessions.get(session_id)
+            if session is None:
+                raise self._missing(session_id)
+            session.busy += 1
+            session.requests += 1
+            session.last_used = self._clock()
+            return session
+
+    def done(self, session: Session) -> None:
+        with self._lock:
+            session.busy -= 1
+            session.last_used = self._clock()
+
+    def delete(self, session_id: str) -> Session:
+        with self._lock:
+            self._sweep_locked()
+            session = self._sessions.pop(session_id, None)
+            if session is None:
+                raise self._missing(session_id)
+            self.deleted_total += 1
+        log.info("session %s deleted (%d requests)", session.short_id(), session.requests)
+        return session
+
+    def _missing(self, session_id: str) -> ApiError:
+        if session_id in self._expired:
+            return ApiError(410, "session_expired",
+                            f"this session expired after {self.ttl_s:g} s without use and its keys were "
+                            "dropped; open a new one with POST /v1/sessions?model=NAME")
+        return ApiError(404, "unknown_session",
+                        "no such session (never created, deleted, or forgotten); open one with "
+                        "POST /v1/sessions?model=NAME")
+
+    # ---------------------------------------------------------------------------------------- expiry
+    def sweep(self) -> int:
+        with self._lock:
+            return self._sweep_locked()
+
+    def _sweep_locked(self) -> int:
+        now = self._clock()
+        dead = [s for s in self._sessions.values() if not s.busy and now - s.last_used > self.ttl_s]
+        for s in dead:
+            del self._sessions[s.id]
+            self._expired[s.id] = now
+            log.info("session %s expired after %.0f s idle", s.short_id(), now - s.last_used)
+        while len(self._expired) > self._expired_memory:
+            self._expired.popitem(last=False)
+        self.expired_total += len(dead)
+        return len(dead)

@@ -1,0 +1,64 @@
+"""Helpers for the server tests: real ``polyfhe serve`` processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+TINY, OTHER = "tiny", "other"
+STARTUP_S = 90.0
+
+
+@dataclass
+class ServerProcess:
+    url: str
+    proc: subprocess.Popen
+    log: Path
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(programs: Path, log: Path, *flags: str) -> ServerProcess:
+    """``polyfhe serve`` in a subprocess on a free loopback port, once ``/healthz`` answers."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "polyfhe.cli", "-v", "serve", "--programs", str(programs), "--host", "127.0.0.1",
+           "--port", str(port), *flags]
+    env = {**os.environ, "POLYFHE_THREADS": "1"}  # a 2-core machine is shared: one thread per evaluation
+    fh = log.open("w")
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    server = ServerProcess(f"http://127.0.0.1:{port}", proc, log)
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log_text()}")
+        try:
+            if httpx.get(f"{server.url}/healthz", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    server.stop()
+    raise RuntimeError(f"server did not answer /healthz within {STARTUP_S} s:\n{server.log_text()}")
