@@ -272,19 +272,13 @@ def _export_ckks(console: Any, model: Any, name: str, shape: tuple[int, ...] | N
     return 0
 
 
-def estimated_sizes(params: Any, galois_keys: int) -> dict[str, int]:
-    """Uncompressed SEAL sizes in bytes (serialised zstd objects come out 10-40% smaller)."""
-    n, primes = params.poly_modulus_degree, len(params.coeff_mod_bits)
-    ciphertext = 2 * n * (primes - 1) * 8
-    key = (primes - 1) * 2 * n * primes * 8  # one key-switching key: a ciphertext per data prime
-    return {"ciphertext": ciphertext, "public_context": (galois_keys + 1) * key + 2 * n * primes * 8}
-
-
 def summary_table(program: Any, out: Path, name: str) -> Any:
     from rich.table import Table
 
     m = program.manifest
     info, p = m.info, m.params
+    from polyfhe.fhe.params import estimated_sizes
+
     sizes = estimated_sizes(p, len(m.galois_steps))
     ciphertexts = 1 if m.layout == "single" else m.input_size
     disk = sum(f.stat().st_size for f in Path(out).iterdir() if f.is_file())

@@ -137,3 +137,15 @@ def choose_params(
         f"the program needs {levels} levels on {slots_needed} slots with values up to {max_abs_value:.3g}; "
         f"leveled CKKS at 128-bit security offers: {'; '.join(best_fit)}. Use a shallower model (fewer "
         "Poly-Blocks / lower degree), a smaller input, or calibrate to tighter value ranges.")
+
+
+def estimated_sizes(params: CKKSParams, galois_keys: int) -> dict[str, int]:
+    """Uncompressed SEAL object sizes in bytes; the zstd-serialised ones that travel are 10-40% smaller.
+
+    A key-switching key (one relinearisation key, or one Galois key) holds a ciphertext per data prime.
+    """
+    n, primes = params.poly_modulus_degree, len(params.coeff_mod_bits)
+    key = (primes - 1) * 2 * n * primes * 8
+    public_key = 2 * n * primes * 8
+    return {"public_key": public_key, "relin_keys": key, "galois_keys": galois_keys * key,
+            "public_context": (galois_keys + 1) * key + public_key, "ciphertext": 2 * n * (primes - 1) * 8}

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polyfhe.fhe.params import estimated_sizes as params_sizes
 from polyfhe.fhe.program import CKKSProgram, ProgramError, load_program
 
 __all__ = ["CARD_FILE", "Model", "Registry", "RegistryError", "estimated_sizes"]
@@ -25,14 +26,10 @@ class RegistryError(ValueError):
 
 
 def estimated_sizes(program: CKKSProgram) -> dict[str, int]:
-    """Uncompressed SEAL sizes in bytes; the zstd-serialised objects that travel are about 20% smaller."""
-    m, p = program.manifest, program.params
-    n, primes = p.poly_modulus_degree, len(p.coeff_mod_bits)
-    key = (primes - 1) * 2 * n * primes * 8  # one key-switching key: a ciphertext per data prime
-    ciphertexts = 1 if m.layout == "single" else m.input_size
-    return {"public_key": 2 * n * primes * 8, "relin_keys": key, "galois_keys": len(m.galois_steps) * key,
-            "public_context": (len(m.galois_steps) + 1) * key + 2 * n * primes * 8,
-            "input_ciphertext": ciphertexts * 2 * n * (primes - 1) * 8}
+    """Uncompressed SEAL sizes in bytes of this program's keys and input ciphertexts."""
+    m = program.manifest
+    sizes = params_sizes(program.params, len(m.galois_steps))
+    return {**sizes, "input_ciphertext": sizes["ciphertext"] * (1 if m.layout == "single" else m.input_size)}
 
 
 def _read_card(folder: Path) -> dict[str, Any]:
