@@ -175,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]accuracy[/] on {n} test images: folded ONNX model {folded_acc:.2%}, calibrated torch "
                   f"model {calibrated_acc:.2%} (after training: {m.test_accuracy:.2%} on all {len(data.x_test)})")
     console.print(f"inputs are normalised per channel (mean {', '.join(f'{v:.4f}' for v in norm.mean)}, std "
-                  f"{', '.join(f'{v:.4f}' for v in norm.std)}) before they reach the model (and before encryption)")
+                  f"{', '.join(f'{v:.4f}' for v in norm.std)}) before they reach the model; programs exported "
+                  "from the checkpoint fold this map in and take images in [0, 1]")
 
     summary = {
         "data": data.name, "model": m.model, "train": m.to_dict(), "test_images": n,
