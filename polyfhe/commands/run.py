@@ -56,7 +56,7 @@ def _read_npz(path: Path, manifest: Any) -> np.ndarray:
             raise RunInputError(f"{path} holds arrays {data.files}; expected one named 'x'")
         x = data["x"]
     if manifest.layout == "single" and x.size != manifest.input_size:
-        x = x[: _capacity(manifest)]  # a stack of samples: as many as one ciphertext interleaves
+        x = x[: manifest.samples_per_query]  # a stack of samples: as many as one ciphertext interleaves
     return _fit(x, manifest, path, all_samples=True)
 
 
@@ -88,11 +88,6 @@ def _chw(manifest: Any) -> tuple[int, ...]:
     return shape if len(shape) == 3 else (1, 1, int(np.prod(shape)))
 
 
-def _capacity(manifest: Any) -> int:
-    """Samples one input ciphertext holds: a slot each (batch), or the interleaved samples (single)."""
-    return manifest.params.slots if manifest.layout == "batch" else manifest.samples_per_ciphertext
-
-
 def _fit(x: np.ndarray, manifest: Any, path: Path, all_samples: bool) -> np.ndarray:
     """Reshape to (samples, *input_shape[1:]), at most as many samples as one ciphertext holds."""
     shape = tuple(manifest.input_shape[1:])
@@ -103,7 +98,7 @@ def _fit(x: np.ndarray, manifest: Any, path: Path, all_samples: bool) -> np.ndar
     if x.size == n:
         return x.astype(np.float64).reshape(1, *shape)
     stacked = x.ndim >= 2 and int(np.prod(x.shape[1:])) == n
-    capacity = _capacity(manifest)
+    capacity = manifest.samples_per_query
     if stacked and all_samples and len(x) > 0:
         if len(x) > capacity:
             raise RunInputError(f"{path} holds {len(x)} samples; one ciphertext of this program takes at most "

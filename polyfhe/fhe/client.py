@@ -85,7 +85,7 @@ class CKKSClient:
         else:
             raise InputError(f"input of shape {arr.shape} is neither one sample of shape {tuple(m.input_shape)} "
                              f"({per_sample} values) nor a batch (n, ...) of such samples")
-        capacity = m.samples_per_ciphertext if m.layout == "single" else m.params.slots
+        capacity = m.samples_per_query
         if len(arr) > capacity:
             raise InputError(f"{len(arr)} samples exceed the {capacity} this program packs into one ciphertext "
                              f"({m.layout} layout); encrypt them in chunks of {capacity}")
@@ -125,7 +125,7 @@ class CKKSClient:
         expected = 1 if self.manifest.layout == "single" else self.manifest.output_size
         if count != expected or len(box.sections) != count:
             raise WireError(f"result holds {count} ciphertexts, expected {expected}")
-        capacity = self.manifest.samples_per_ciphertext if self.manifest.layout == "single" else self.seal.slots
+        capacity = self.manifest.samples_per_query
         if not 1 <= samples <= capacity:
             raise WireError(f"result claims {samples} samples; one ciphertext of this program holds 1 to {capacity}")
         values = []

@@ -111,6 +111,11 @@ class ProgramManifest:
             raise ProgramError(f"malformed program manifest: {type(exc).__name__}: {exc}") from exc
 
     @property
+    def samples_per_query(self) -> int:
+        """Samples one input ciphertext (bundle) holds: the interleaved ones (single) or a slot each (batch)."""
+        return self.samples_per_ciphertext if self.layout == "single" else self.params.slots
+
+    @property
     def virtual_slots(self) -> int:
         """Slots one sample of the single layout spans (the plan's ring); all slots when one per ciphertext."""
         return self.params.slots // self.samples_per_ciphertext

@@ -86,7 +86,7 @@ class CKKSServer:
             if abs(ct.scale / m.params.scale - 1.0) > 1e-6:
                 raise WireError(f"input ciphertext scale {ct.scale:.6g} != program scale 2^{m.params.scale_bits}")
         samples = box.header.get("samples", 1)
-        capacity = m.samples_per_ciphertext if m.layout == "single" else m.params.slots
+        capacity = m.samples_per_query
         if not isinstance(samples, int) or not 1 <= samples <= capacity:
             raise WireError(f"input claims {samples!r} samples; one ciphertext of this program holds 1 to {capacity}")
         return cts, samples
