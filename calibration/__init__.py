@@ -13,6 +13,7 @@ from polyfhe.calibration.running_stats import (
     STATS_LAYERS,
     CalibrationError,
     RunningStatsReport,
+    describe_running_stats,
     recompute_running_stats,
 )
 
@@ -26,6 +27,7 @@ __all__ = [
     "array_range",
     "as_images",
     "calibrate",
+    "describe_running_stats",
     "profile_onnx_ranges",
     "recompute_running_stats",
     "sample_images",

@@ -18,7 +18,11 @@ from torch import nn
 
 from polyfhe.calibration.ranges import array_range, profile_onnx_ranges
 from polyfhe.calibration.result import CalibrationResult
-from polyfhe.calibration.running_stats import CalibrationError, recompute_running_stats
+from polyfhe.calibration.running_stats import (
+    CalibrationError,
+    describe_running_stats,
+    recompute_running_stats,
+)
 
 __all__ = ["as_images", "calibrate", "sample_images"]
 
@@ -71,6 +75,7 @@ def calibrate(
     batches: int | None = None,
     batch_size: int = 256,
     onnx_ranges: bool = True,
+    recompute_stats: bool = True,
 ) -> CalibrationResult:
     """Recalibrate ``model``'s running statistics in place (eval mode afterwards) and profile value ranges.
 
@@ -78,6 +83,8 @@ def calibrate(
     normalisation. ``batches`` limits how many batches of ``batch_size`` are used (None: all of ``data``).
     With ``onnx_ranges`` the model is folded and exported (checked) to a temporary ONNX file whose every
     encrypted value is profiled in onnxruntime; without it only the input range is recorded.
+    ``recompute_stats=False`` keeps the running statistics from training and only profiles ranges: a checkpoint
+    trained on the same data already holds statistics of its final weights (docs/fhe-recipes.md measures both).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -87,7 +94,11 @@ def calibrate(
     if batches is not None:
         x = x[: batches * batch_size]
     like = next(model.parameters(), None)
-    stats = recompute_running_stats(model, _batches(x, batch_size, like))
+    if recompute_stats:
+        stats = recompute_running_stats(model, _batches(x, batch_size, like))
+    else:
+        model.eval()
+        stats = describe_running_stats(model)
     model_name = getattr(model, "model_name", type(model).__name__)
     if not onnx_ranges:
         return CalibrationResult(model_name, len(x), array_range("input", x), {}, stats.to_dict())

@@ -25,8 +25,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from polyfhe.calibration.ranges import float_from_json, json_float
 from polyfhe.models.layers.norms import ChannelBatchNorm, RunningRowSumNorm
 
-__all__ = ["STATS_LAYERS", "CalibrationError", "LayerStats", "RunningStatsReport", "recompute_running_stats",
-           "stats_layers"]
+__all__ = ["STATS_LAYERS", "CalibrationError", "LayerStats", "RunningStatsReport", "describe_running_stats",
+           "recompute_running_stats", "stats_layers"]
 
 log = logging.getLogger(__name__)
 
@@ -166,3 +166,8 @@ def recompute_running_stats(model: nn.Module, batches: Iterable[torch.Tensor]) -
     log.info("recomputed %d running-statistics layers over %d samples (%d batches)",
              len(layers), num_samples, num_batches)
     return RunningStatsReport(num_batches, num_samples, tuple(_summary(*layer) for layer in layers))
+
+
+def describe_running_stats(model: nn.Module) -> RunningStatsReport:
+    """The running statistics as they are (kept from training): a report over zero calibration samples."""
+    return RunningStatsReport(0, 0, tuple(_summary(*layer) for layer in stats_layers(model)))

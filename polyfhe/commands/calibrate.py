@@ -3,6 +3,7 @@
 Loads the checkpoint, recalibrates every BN-like layer on a random subset of the source's training images
 (``load_dataset`` gives [0, 1]; the checkpoint's ``normalization``, recorded by ``polyfhe train``, is applied
 when present), writes the updated weights back and ``calibration.json`` beside them, and prints a short table.
+``--keep-stats`` keeps the statistics from training and only records the value ranges.
 Exit codes: 0 done; 2 bad input (checkpoint, data source, or data that does not fit the model).
 """
 
@@ -37,8 +38,11 @@ def add_parser(subparsers: Any) -> None:
                    help="training images to calibrate on, a random subset (default 2048)")
     p.add_argument("--batch-size", type=positive_int, default=256)
     p.add_argument("--seed", type=int, default=0, help="seed of the random subset")
-    p.add_argument("--no-ranges", action="store_true",
-                   help="only recompute running statistics (skip the ONNX export and range profiling)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--no-ranges", action="store_true",
+                      help="only recompute running statistics (skip the ONNX export and range profiling)")
+    what.add_argument("--keep-stats", action="store_true",
+                      help="keep the running statistics from training; only profile value ranges")
     p.set_defaults(func=run)
 
 
@@ -58,12 +62,14 @@ def run(args: argparse.Namespace) -> int:
         normalization = info.extra.get("normalization")
         if normalization is not None:
             x = Normalization.from_dict(normalization).apply_numpy(x)
-        result = calibrate(model, x, batch_size=args.batch_size, onnx_ranges=not args.no_ranges)
+        result = calibrate(model, x, batch_size=args.batch_size, onnx_ranges=not args.no_ranges,
+                           recompute_stats=not args.keep_stats)
     except (CheckpointError, CalibrationError, ExportError, FileNotFoundError, KeyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     record = {"data": args.data, "num_samples": result.num_samples, "seed": args.seed,
-              "normalized": normalization is not None, "ranges": not args.no_ranges}
+              "normalized": normalization is not None, "ranges": not args.no_ranges,
+              "running_stats": "kept" if args.keep_stats else "recomputed"}
     extra = {**info.extra, "calibration": record}
     save_checkpoint(model, args.checkpoint, model_name=info.model_name, model_kwargs=info.model_kwargs,
                     epoch=info.epoch, extra=extra)
@@ -79,8 +85,11 @@ def _render(result: Any, path: Path) -> None:
 
     console = Console()
     stats = result.stats_summary
-    console.print(f"[bold]{escape(result.model_name)}[/bold]: recalibrated {len(stats.get('layers', []))} "
-                  f"running-statistics layers on {result.num_samples} samples; wrote {escape(str(path))}")
+    layers = len(stats.get("layers", []))
+    what = (f"recalibrated {layers} running-statistics layers" if stats.get("num_samples")
+            else f"kept the trained statistics of {layers} layers")
+    console.print(f"[bold]{escape(result.model_name)}[/bold]: {what}, {result.num_samples} samples; "
+                  f"wrote {escape(str(path))}")
     table = Table(title="value ranges (largest |value| first)")
     for col in ("value", "shape", "min", "max", "p0.1", "p99.9", "abs max"):
         table.add_column(col, justify="left" if col in ("value", "shape") else "right")

@@ -44,6 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--time-budget", type=float, default=TRAIN_BUDGET_S, help="seconds of training at most")
     p.add_argument("--train-subset", type=int, default=None, help="train on this many images only (quick runs)")
     p.add_argument("--checkpoint", type=Path, default=None, help="skip training: use a polyfhe train output folder")
+    p.add_argument("--keep-stats", action="store_true",
+                   help="keep the running statistics from training (only profile value ranges)")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--threads", type=int, default=DEMO_THREADS,
                    help=f"torch CPU threads (default {DEMO_THREADS}: fastest on a busy CPU; 0 = torch's choice)")
@@ -59,14 +61,12 @@ def load_data(source: str | None) -> ImageDataset:
     return open_dataset(source) if source else load_default_dataset()
 
 
-def calibrate_hook(model: Any, images: np.ndarray) -> Any:
-    """``polyfhe.calibration.calibrate(model, images)`` on normalised training images: re-estimates the running
-    statistics in place and profiles value ranges. Returns None if the calibration stage is not installed."""
-    try:
-        from polyfhe.calibration import calibrate
-    except ImportError:
-        return None
-    return calibrate(model, images)
+def calibrate_model(model: Any, images: np.ndarray, keep_stats: bool) -> Any:
+    """``polyfhe.calibrate`` on normalised training images: re-estimates the running statistics in place (unless
+    ``keep_stats``) and profiles the value ranges of the folded graph."""
+    from polyfhe.calibration import calibrate
+
+    return calibrate(model, images, recompute_stats=not keep_stats)
 
 
 def torch_accuracy(model: Any, x: np.ndarray, y: np.ndarray, batch: int = 1000) -> float:
@@ -152,15 +152,13 @@ def run(args: argparse.Namespace) -> int:
     x_test, y_test = norm.apply_numpy(data.x_test[:n]).astype(np.float32), data.y_test[:n]
     calib_x = norm.apply_numpy(data.x_train[:CALIBRATION_IMAGES]).astype(np.float32)
     t0 = time.perf_counter()
-    calibration = calibrate_hook(model, calib_x)
-    if calibration is None:
-        console.print("[bold]calibrate[/]: polyfhe.calibration is not available; BatchNorm statistics from training")
-    else:
-        saved = _save_calibrated(model, result, calibration, out_dir / "calibrated")
-        console.print(f"[bold]calibrate[/]: running statistics re-estimated from {calibration.num_samples} training "
-                      f"images, {len(calibration.node_ranges)} value ranges profiled (largest |value| "
-                      f"{calibration.max_abs:.3g}) in {time.perf_counter() - t0:.1f} s; checkpoint and "
-                      f"calibration.json in {saved}")
+    calibration = calibrate_model(model, calib_x, args.keep_stats)
+    saved = _save_calibrated(model, result, calibration, out_dir / "calibrated")
+    stats = ("running statistics kept from training" if args.keep_stats
+             else f"running statistics re-estimated from {calibration.num_samples} training images")
+    console.print(f"[bold]calibrate[/]: {stats}, {len(calibration.node_ranges)} value ranges profiled (largest "
+                  f"|value| {calibration.max_abs:.3g}) in {time.perf_counter() - t0:.1f} s; checkpoint and "
+                  f"calibration.json in {saved}")
     model.eval()
     calibrated_acc = torch_accuracy(model, x_test, y_test)
 
@@ -181,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     summary = {
         "data": data.name, "model": m.model, "train": m.to_dict(), "test_images": n,
         "calibrated_torch_accuracy": calibrated_acc, "folded_onnx_accuracy": folded_acc,
-        "onnx": exported.to_dict(), "calibrated": calibration is not None,
+        "onnx": exported.to_dict(), "running_stats": "kept" if args.keep_stats else "recomputed",
         "normalization": norm.to_dict(), "wall_time_s": time.perf_counter() - start,
     }
     (out_dir / "demo.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
@@ -190,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
         from polyfhe.zoo import zoo_rows
 
         console.print(render_table(zoo_rows(with_analyzer=True)))
-    checkpoint = out_dir / "calibrated" if calibration is not None else Path(result.out_dir)
+    checkpoint = out_dir / "calibrated"
     # raw [0, 1] images: a program exported from the checkpoint folds the normalisation into its first layer
     serve_commands(console, out_dir, checkpoint, m.model, data.x_train[:CALIBRATION_IMAGES], data.x_test[:1],
                    {"accuracy": folded_acc, "dataset": data.name, "test_images": n})

@@ -59,6 +59,23 @@ def test_batches_limits_the_data_and_bad_shapes_are_refused() -> None:
         polyfhe.calibrate(model, np.zeros((4, 1, 8, 8), dtype=np.uint8))
 
 
+def test_keep_stats_profiles_ranges_and_leaves_the_trained_statistics_alone() -> None:
+    model = polyfhe.create_model("monet_fhe_bn", **KWARGS).train()
+    with torch.no_grad():  # statistics "from training" that a recalibration on these images would replace
+        model(torch.from_numpy(_images(64, seed=1) * 3.0))
+    before = copy.deepcopy(model.state_dict())
+    result = polyfhe.calibrate(model, _images(), batch_size=40, recompute_stats=False)
+    assert not model.training
+    assert all(torch.equal(value, model.state_dict()[key]) for key, value in before.items())
+    assert result.num_samples == 96 and result.stats_summary["num_samples"] == 0
+    layers = result.stats_summary["layers"]
+    assert len(layers) == 12 and layers[0]["buffers"]["running_var"]["max"] == pytest.approx(
+        float(_norms(model)[0].running_var.max()))
+    assert "logits" in result.node_ranges and result.input_range.count == _images().size
+    recalibrated = polyfhe.calibrate(copy.deepcopy(model).train(), _images(), batch_size=40, onnx_ranges=False)
+    assert recalibrated.stats_summary["layers"] != layers  # the option is what kept them
+
+
 def test_result_round_trips_through_strict_json(tmp_path: Path) -> None:
     model = polyfhe.create_model("cpolynext_fhe_bn", **KWARGS)
     result = polyfhe.calibrate(model, _images(40), batch_size=16)
@@ -92,6 +109,22 @@ def test_cli_calibrates_a_checkpoint_in_place(tmp_path: Path, capsys: pytest.Cap
     result = CalibrationResult.load(tmp_path)
     assert result.num_samples == 300 and "logits" in result.node_ranges
     assert result.input_range.min == pytest.approx(-0.75) and result.input_range.max == pytest.approx(1.75)
+
+
+def test_cli_keep_stats_writes_ranges_only(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    model = polyfhe.create_model("cpolynext_fhe_bn", **KWARGS)
+    with torch.no_grad():
+        model.train()(torch.from_numpy(_images(32, seed=2)))
+    save_checkpoint(model.eval(), tmp_path, model_name="cpolynext_fhe_bn", model_kwargs=KWARGS)
+    code = cli_main(["calibrate", str(tmp_path), "--data", "digits", "--samples", "64", "--keep-stats"])
+    assert code == 0, capsys.readouterr().err
+    assert "kept the trained statistics" in capsys.readouterr().out
+    reloaded, info = load_checkpoint(tmp_path)
+    assert all(torch.equal(value, reloaded.state_dict()[key]) for key, value in model.state_dict().items())
+    assert info.extra["calibration"]["running_stats"] == "kept"
+    assert "logits" in CalibrationResult.load(tmp_path).node_ranges
+    with pytest.raises(SystemExit):  # ranges-only and statistics-only at once make no sense
+        cli_main(["calibrate", str(tmp_path), "--data", "digits", "--keep-stats", "--no-ranges"])
 
 
 def test_cli_reports_bad_input_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -24,7 +24,7 @@ def test_demo_trains_folds_exports_and_reports(tmp_path: Path, capsys: pytest.Ca
     # folding and exporting keep the calibrated model's predictions, and the model learned something
     assert summary["folded_onnx_accuracy"] == pytest.approx(summary["calibrated_torch_accuracy"], abs=1e-9)
     assert summary["folded_onnx_accuracy"] > 0.3  # chance is 0.1
-    assert summary["calibrated"] is True and (tmp_path / "calibrated" / "calibration.json").is_file()
+    assert summary["running_stats"] == "recomputed" and (tmp_path / "calibrated" / "calibration.json").is_file()
     calibrated, info = load_checkpoint(tmp_path / "calibrated", expect_model="monet_fhe_bn")
     trained, _ = load_checkpoint(tmp_path / "train")
     assert info.extra["calibrated"] is True and "normalization" in info.extra
@@ -39,5 +39,10 @@ def test_demo_reuses_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture)
     train("monet_fhe_bn", "digits", 1, tmp_path / "run", device="cpu", train_subset=64, batch_size=32,
           progress=False, model_kwargs={"dims": [32]})
     assert main(["demo", "--data", "digits", "--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "d"),
-                 "--samples", "50"]) == 0
-    assert "on 50 test images" in capsys.readouterr().out
+                 "--samples", "50", "--keep-stats"]) == 0
+    out = capsys.readouterr().out
+    assert "on 50 test images" in out and "running statistics kept from training" in out
+    trained, _ = load_checkpoint(tmp_path / "run")
+    kept, _ = load_checkpoint(tmp_path / "d" / "calibrated")
+    assert all(torch.equal(value, kept.state_dict()[key]) for key, value in trained.state_dict().items())
+    assert (tmp_path / "d" / "calibrated" / "calibration.json").is_file()
