@@ -3,7 +3,8 @@
 Keys are made here from the model's manifest; the public context is uploaded once per run (one session),
 then each input is encrypted, evaluated by the server and decrypted here. The server never sees the inputs,
 the results or the secret key. INPUT is an ``.npy`` array, an ``.npz`` with array ``x`` or an image
-(``.png``/``.jpg``), read as ``polyfhe run`` reads it; each sample is one request.
+(``.png``/``.jpg``), read as ``polyfhe run`` reads it. Each file is one request: a stack in an ``.npy``/``.npz``
+holds up to as many samples as the program interleaves in one ciphertext, and they share that request.
 ``polyfhe client models --server URL`` lists the models.
 
 Exit codes: 0 done; 1 the server refused a request or could not be reached; 2 bad input file.
@@ -63,15 +64,15 @@ def run_infer(args: argparse.Namespace) -> int:
                                     "upload_s": session.upload_seconds}}
                 if not args.json:
                     _render_head(head, manifest)
-                for path, x in inputs:
-                    for i, sample in enumerate(x):
-                        try:
-                            result = session.infer(sample)
-                        except InputError as exc:
-                            print(f"error: {path}: {exc}", file=sys.stderr)
-                            return EXIT_BAD_INPUT
-                        row = {"input": str(path), "sample": i, **result.to_dict(), "model": args.model,
-                               "context_bytes": session.context_bytes}
+                for request, (path, x) in enumerate(inputs):  # a file holds at most one ciphertext's samples
+                    try:
+                        results = session.infer_many(x)
+                    except InputError as exc:
+                        print(f"error: {path}: {exc}", file=sys.stderr)
+                        return EXIT_BAD_INPUT
+                    for i, result in enumerate(results):
+                        row = {"input": str(path), "sample": i, "request": request, **result.to_dict(),
+                               "model": args.model, "context_bytes": session.context_bytes}
                         rows.append(row)
                         if args.json:
                             print(json.dumps(row), flush=True)
@@ -113,17 +114,20 @@ def _render_head(head: dict, manifest: Any) -> None:
 
 
 def _render_row(row: dict) -> None:
-    t = row["timings"]
-    print(f"{row['input']}[{row['sample']}]: class {row['class']} (confidence {row['confidence']:.1%}); "
-          f"encrypt {t['encrypt'] * 1000:.0f} ms, request {t['request'] * 1000:.0f} ms (server "
-          f"{t['server'] * 1000:.0f} ms), decrypt {t['decrypt'] * 1000:.0f} ms; sent {row['bytes_sent'] / 1e6:.3f} "
-          f"MB, received {row['bytes_received'] / 1e6:.3f} MB")
+    print(f"{row['input']}[{row['sample']}]: class {row['class']} (confidence {row['confidence']:.1%})")
     print("  logits: " + " ".join(f"{v:.5g}" for v in row["logits"]))
+    if row["sample"] == row["request_samples"] - 1:  # the request's cost once, after its last sample
+        t = row["timings"]
+        print(f"  request of {row['request_samples']} sample(s) in one ciphertext: encrypt "
+              f"{t['encrypt'] * 1000:.0f} ms, round trip {t['request'] * 1000:.0f} ms (server "
+              f"{t['server'] * 1000:.0f} ms), decrypt {t['decrypt'] * 1000:.0f} ms; sent "
+              f"{row['bytes_sent'] / 1e6:.3f} MB, received {row['bytes_received'] / 1e6:.3f} MB")
 
 
 def _render_totals(rows: list[dict], head: dict) -> None:
-    sent = head["session"]["context_bytes"] + sum(r["bytes_sent"] for r in rows)
-    received = sum(r["bytes_received"] for r in rows)
-    total = sum(r["timings"]["total"] for r in rows)
-    print(f"{len(rows)} sample(s) in {total:.2f} s; bytes sent {sent / 1e6:.2f} MB (public context included), "
-          f"received {received / 1e6:.3f} MB")
+    requests = list({row["request"]: row for row in rows}.values())  # timings and bytes are per request
+    sent = head["session"]["context_bytes"] + sum(r["bytes_sent"] for r in requests)
+    received = sum(r["bytes_received"] for r in requests)
+    total = sum(r["timings"]["total"] for r in requests)
+    print(f"{len(rows)} sample(s) in {len(requests)} request(s), {total:.2f} s; bytes sent {sent / 1e6:.2f} MB "
+          f"(public context included), received {received / 1e6:.3f} MB")

@@ -2,6 +2,7 @@
 
     with ServeClient("http://127.0.0.1:8000") as api, api.open_session("fashion") as session:
         result = session.infer(x)          # encrypt -> POST -> decrypt; result.label, result.logits
+        results = session.infer_many(xs)   # as many samples per request as one ciphertext interleaves
 
 The client makes its keys from the model's manifest (``GET /v1/models/NAME/manifest``) and refuses a
 manifest whose CKKS parameters are below 128-bit security, since a server could otherwise weaken them.
@@ -17,6 +18,7 @@ from typing import Any, Self
 import httpx
 import numpy as np
 
+from polyfhe.fhe.client import InputError
 from polyfhe.fhe.params import security_bits_ok
 from polyfhe.fhe.program import ProgramError, ProgramManifest
 
@@ -42,13 +44,15 @@ class InferResult:
     logits: np.ndarray  # (classes,)
     label: int
     confidence: float  # softmax probability of ``label``
-    timings: dict[str, float]  # seconds: encrypt, request (round trip), server, decrypt, total
-    bytes_sent: int  # this request's ciphertext
+    timings: dict[str, float]  # seconds of the whole request: encrypt, request (round trip), server, decrypt, total
+    bytes_sent: int  # the request's ciphertext
     bytes_received: int
+    request_samples: int = 1  # samples that shared the request (one ciphertext); timings and bytes are shared too
 
     def to_dict(self) -> dict[str, Any]:
         return {"logits": self.logits.tolist(), "class": self.label, "confidence": self.confidence,
-                "timings": self.timings, "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
+                "timings": self.timings, "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
+                "request_samples": self.request_samples}
 
 
 def softmax_confidence(logits: np.ndarray) -> tuple[int, float]:
@@ -185,18 +189,37 @@ class RemoteSession:
 
     def infer(self, x: np.ndarray) -> InferResult:
         """Logits of one sample (any shape with the model's input size)."""
+        per_sample = self.keys.manifest.input_size
+        if np.size(x) != per_sample:
+            raise InputError(f"infer takes one sample of {per_sample} values, got shape {np.shape(x)}; "
+                             "use infer_many for a stack")
+        return self._request(np.asarray(x).reshape(1, per_sample))[0]
+
+    def infer_many(self, x: np.ndarray) -> list[InferResult]:
+        """Logits of a stack ``(n, ...)``, sent ``samples_per_query`` at a time: a program that interleaves k
+        samples per ciphertext answers k of them for the cost of one request."""
+        manifest = self.keys.manifest
+        arr = np.asarray(x)
+        if arr.ndim < 2 or len(arr) == 0 or arr[0].size != manifest.input_size:
+            raise InputError(f"infer_many takes a non-empty stack (n, ...) of samples of {manifest.input_size} "
+                             f"values, got shape {arr.shape}")
+        step = manifest.samples_per_query
+        return [result for start in range(0, len(arr), step) for result in self._request(arr[start:start + step])]
+
+    def _request(self, x: np.ndarray) -> list[InferResult]:
+        """One encrypted request for the samples of ``x`` (at most one ciphertext's worth)."""
         t0 = time.perf_counter()
         query = self.keys.encrypt(x)
         t1 = time.perf_counter()
         response = self.api.request("POST", f"/v1/sessions/{self.id}/infer", content=query, headers=OCTETS)
         t2 = time.perf_counter()
-        logits = self.keys.decrypt(response.content)[0]
+        logits = self.keys.decrypt(response.content)
         t3 = time.perf_counter()
-        label, confidence = softmax_confidence(logits)
         server_s = float(response.headers.get("X-Polyfhe-Server-Seconds", "nan"))
         timings = {"encrypt": t1 - t0, "request": t2 - t1, "server": server_s, "decrypt": t3 - t2,
                    "total": t3 - t0}
-        return InferResult(logits, label, confidence, timings, len(query), len(response.content))
+        return [InferResult(row, *softmax_confidence(row), timings, len(query), len(response.content), len(logits))
+                for row in logits]
 
     def close(self) -> None:
         """Delete the session on the server (frees its keys there); safe to call twice."""

@@ -12,6 +12,7 @@ from PIL import Image
 from serve_testlib import OTHER, TINY
 
 from polyfhe.cli import main
+from polyfhe.fhe.client import InputError
 from polyfhe.serve.http_client import ServeClient, ServeError
 
 pytestmark = pytest.mark.fhe
@@ -53,6 +54,23 @@ def test_session_infer_matches_plaintext_program(server, programs, samples):
     assert cards[TINY]["key_sizes"]["observed_public_context_bytes"] == session.context_bytes
 
 
+def test_infer_many_shares_ciphertexts_and_matches_plaintext(server, programs, samples):
+    x, plain = samples
+    holds = programs[TINY].manifest.samples_per_query
+    assert holds >= 4  # the tiny program interleaves many samples per ciphertext
+    with ServeClient(server.url) as api, api.open_session(TINY) as session:
+        results = session.infer_many(x)
+        with pytest.raises(InputError, match="one sample.*infer_many"):
+            session.infer(x[:2])
+        with pytest.raises(InputError, match="non-empty stack"):
+            session.infer_many(x[0, 0, 0])
+    assert len(results) == len(x) and {r.request_samples for r in results} == {min(len(x), holds)}
+    for r, ref in zip(results, plain, strict=True):
+        np.testing.assert_allclose(r.logits, ref, atol=1e-3)
+        assert r.label == int(ref.argmax())
+    assert len({id(r.timings) for r in results}) == -(-len(x) // holds)  # one request per ciphertext
+
+
 def test_metrics_and_stats(server):
     text = httpx.get(f"{server.url}/metrics").text
     assert "# TYPE polyfhe_requests_total counter" in text
@@ -78,6 +96,7 @@ def test_cli_client_json_and_text(server, programs, samples, tmp_path, capsys):
     holds = getattr(programs[TINY].manifest, "samples_per_ciphertext", 1)
     assert len(rows) == 1 + min(2, holds)
     assert [(r["input"].endswith("a.npy"), r["sample"]) for r in rows][:2] == [(True, 0), (False, 0)]
+    assert [(r["request"], r["request_samples"]) for r in rows] == [(0, 1)] + [(1, min(2, holds))] * min(2, holds)
     for row, ref in zip(rows, (plain[0], plain[1], plain[2])):
         np.testing.assert_allclose(row["logits"], ref, atol=1e-3)
         assert row["class"] == int(ref.argmax()) and row["bytes_sent"] > 0 and row["context_bytes"] > 1e6
