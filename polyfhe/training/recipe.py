@@ -77,13 +77,19 @@ OPTIMIZERS: dict[str, Callable[[list[dict[str, Any]], float], torch.optim.Optimi
 _NO_DECAY_SUFFIXES = ("bias", "gamma_hw", "beta_hw")
 
 
+def _per_channel(p: Tensor) -> bool:
+    """A vector in any broadcast shape: ``(C,)``, ``(1, C, 1, 1)`` (PolyNeXt's cell scales), ``(1, 1, C)``."""
+    return sum(d > 1 for d in p.shape) <= 1
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weight decay on matrices and conv kernels only; 1-D tensors (norm gains, biases, scales) are exempt."""
+    """Weight decay on matrices and conv kernels only; vectors (norm gains, biases, scales, also when shaped
+    ``(1, C, 1, 1)`` to broadcast) are exempt."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim <= 1 or name.endswith(_NO_DECAY_SUFFIXES) else decay).append(p)
+        (no_decay if _per_channel(p) or name.endswith(_NO_DECAY_SUFFIXES) else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import polyfhe
 from polyfhe.training.data import Normalization, batch_indices, random_flip, random_shift, resolve_augment
 from polyfhe.training.loop import epochs_within_budget
 from polyfhe.training.recipe import (
@@ -94,6 +95,18 @@ def test_no_weight_decay_on_gains_and_biases() -> None:
     decay, no_decay = param_groups(model, 0.05)
     assert [p.shape for p in decay["params"]] == [torch.Size([2, 1, 3, 3])]
     assert len(no_decay["params"]) == 3 and no_decay["weight_decay"] == 0.0
+
+
+def test_broadcast_shaped_scales_are_not_decayed() -> None:
+    """PolyNeXt's cell scales are (1, C, 1, 1): vectors, not kernels, so decay would pull them to 0."""
+    cell = polyfhe.create_model("cpolynext_fhe_bn").cells[0].preprocess0
+    decay, no_decay = param_groups(cell, 0.05)
+    assert cell.scale.shape == (1, 40, 1, 1)
+    assert any(p is cell.scale for p in no_decay["params"]) and not any(p is cell.scale for p in decay["params"])
+    depthwise_1x1 = nn.Conv2d(4, 4, 1, groups=4)  # (4, 1, 1, 1): a per-channel scale too
+    kernel = nn.Conv2d(4, 4, 3, groups=4)  # (4, 1, 3, 3): a kernel
+    decay, no_decay = param_groups(nn.Sequential(depthwise_1x1, kernel), 0.05)
+    assert [p.shape for p in decay["params"]] == [torch.Size([4, 1, 3, 3])]
 
 
 def test_random_shift_moves_content_without_scaling() -> None:
