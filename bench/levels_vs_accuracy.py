@@ -33,6 +33,7 @@ import polyfhe
 from polyfhe.calibration import profile_onnx_ranges
 from polyfhe.data.sources import ImageDataset, load_dataset, load_fashion_mnist
 from polyfhe.export.onnx import STRUCTURAL_CHECK_RTOL, export_onnx
+from polyfhe.training.recipe import param_groups
 
 log = logging.getLogger("levels_vs_accuracy")
 
@@ -112,14 +113,6 @@ def shift_flip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 AUGMENTATIONS = {"none": lambda x, generator: x, "flip": hflip, "shift-flip": shift_flip}
 
 
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weight decay on weight matrices and conv kernels only, not on norms, scales and biases."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        (decay if p.dim() >= 2 and p.shape[0] > 1 and p[0].numel() > 1 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def _lr_lambda(total: int, warmup: int):
     def factor(step: int) -> float:
         if step < warmup:
@@ -148,7 +141,7 @@ def train(model: nn.Module, data: ImageDataset, cfg: TrainConfig, device: torch.
     steps_per_epoch = math.ceil(len(x_train) / cfg.batch_size)
     total = cfg.epochs * steps_per_epoch
     model.to(device)
-    opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
     warmup = int(cfg.warmup_epochs * steps_per_epoch)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(total, warmup))
     start = time.perf_counter()
