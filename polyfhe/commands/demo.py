@@ -61,14 +61,6 @@ def load_data(source: str | None) -> ImageDataset:
     return open_dataset(source) if source else load_default_dataset()
 
 
-def calibrate_model(model: Any, images: np.ndarray, keep_stats: bool) -> Any:
-    """``polyfhe.calibrate`` on normalised training images: re-estimates the running statistics in place (unless
-    ``keep_stats``) and profiles the value ranges of the folded graph."""
-    from polyfhe.calibration import calibrate
-
-    return calibrate(model, images, recompute_stats=not keep_stats)
-
-
 def torch_accuracy(model: Any, x: np.ndarray, y: np.ndarray, batch: int = 1000) -> float:
     import torch
 
@@ -127,6 +119,7 @@ def _save_calibrated(model: Any, result: Any, calibration: Any, folder: Path) ->
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from polyfhe.calibration import calibrate
     from polyfhe.export.onnx import export_onnx
 
     console = Console()
@@ -152,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     x_test, y_test = norm.apply_numpy(data.x_test[:n]).astype(np.float32), data.y_test[:n]
     calib_x = norm.apply_numpy(data.x_train[:CALIBRATION_IMAGES]).astype(np.float32)
     t0 = time.perf_counter()
-    calibration = calibrate_model(model, calib_x, args.keep_stats)
+    # re-estimates the running statistics in place (unless --keep-stats), profiles the folded graph's ranges
+    calibration = calibrate(model, calib_x, recompute_stats=not args.keep_stats)
     saved = _save_calibrated(model, result, calibration, out_dir / "calibrated")
     stats = ("running statistics kept from training" if args.keep_stats
              else f"running statistics re-estimated from {calibration.num_samples} training images")
