@@ -103,6 +103,8 @@ def export_ckks(
 
     if layout not in LAYOUTS:
         raise CKKSExportError(f"unknown layout {layout!r}; accepted: {list(LAYOUTS)}")
+    if input_shape is None and isinstance(calibration, np.ndarray) and calibration.ndim >= 2:
+        input_shape = tuple(calibration.shape[1:])  # a module without a known input size: the samples' shape
     proto, name = to_onnx_model(model, input_shape)
     report = analyze(proto)
     if not report.polynomial:

@@ -47,18 +47,55 @@ def tokens_of(shape: tuple[int, ...]) -> int:
     return int(np.prod(dims[:-1])) if len(dims) >= 2 else 1
 
 
-def diagonal_count(matrix: np.ndarray, slot_out: np.ndarray, slot_in: np.ndarray, slots: int) -> int:
+def pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n - 1).bit_length())
+
+
+def padded(slot_of: np.ndarray, block: int) -> np.ndarray:
+    """The same order with every block of ``block`` consecutive slots widened to a power of two.
+
+    ``c*T + t`` becomes ``c*T' + t`` with ``T' = 2^ceil(log2 T)``: channel blocks then tile a power-of-two
+    period, so a register replicated with that period turns channel mixing into about ``min(C_in, C_out)``
+    cyclic block diagonals instead of ``C_in + C_out - 1``.
+    """
+    width = pow2_at_least(block)
+    return (slot_of // block) * width + slot_of % block
+
+
+def period_of(slot_of: np.ndarray) -> int:
+    """Registers are replicated with this period across the slots: the power of two above their last slot."""
+    return pow2_at_least(int(slot_of.max()) + 1)
+
+
+def offsets(rows: np.ndarray, cols: np.ndarray, period_out: int, period_in: int) -> tuple[np.ndarray, np.ndarray]:
+    """(diagonal offset k, output slot t) of each non-zero (row slot, column slot) of a map.
+
+    The input repeats every ``period_in`` slots, so a column is reachable at any ``col + m*period_in``; the
+    output is summed over ``period_out``-periodic copies (hybrid method), so a row may sit at any
+    ``row + m*period_out`` below the larger of the two periods. Offsets are ``(col - row) mod period_in``
+    reduced mod ``period_out``.
+    """
+    delta = (cols - rows) % period_in
+    return delta % period_out, rows + (delta // period_out) * period_out
+
+
+def diagonal_count(matrix: np.ndarray, slot_out: np.ndarray, slot_in: np.ndarray, period_in: int) -> int:
     rows, cols = np.nonzero(matrix)
-    return len(np.unique((slot_in[cols] - slot_out[rows]) % slots))
+    ks, _ = offsets(slot_out[rows], slot_in[cols], period_of(slot_out), period_in)
+    return len(np.unique(ks))
 
 
-def token_aligned(matrix: np.ndarray, slot_out: np.ndarray, tokens: int, slots: int) -> np.ndarray | None:
-    """Input packing ``rank*T + token`` where each input element goes to the token it mostly feeds."""
+def token_aligned(matrix: np.ndarray, slot_out: np.ndarray, width: int, slots: int) -> np.ndarray | None:
+    """Input packing ``rank*width + token`` where each input element goes to the token it mostly feeds.
+
+    ``width`` is the output layout's token block (slot = channel*width + token), padded or not.
+    """
     n = matrix.shape[1]
     rows, cols = np.nonzero(matrix)
-    if tokens <= 1 or len(cols) == 0:
+    if width <= 1 or len(cols) == 0:
         return None
-    tok = slot_out[rows] % tokens
+    tokens = width
+    tok = slot_out[rows] % width
     first = np.full(n, -1)
     order = np.lexsort((tok, cols))  # per column, the smallest token it feeds
     seen = np.ones(len(order), dtype=bool)
@@ -69,23 +106,58 @@ def token_aligned(matrix: np.ndarray, slot_out: np.ndarray, tokens: int, slots: 
     slot_of = np.empty(n, dtype=np.int64)
     counts = np.zeros(tokens, dtype=np.int64)
     for j in np.argsort(first, kind="stable"):
-        slot_of[j] = counts[first[j]] * tokens + first[j]
+        slot_of[j] = counts[first[j]] * width + first[j]
         counts[first[j]] += 1
     return slot_of if slot_of.max() < slots else None
 
 
-def _candidates(shape: tuple[int, ...]) -> list[np.ndarray]:
-    a, b = natural(shape), channel_major(shape)
-    return [a] if np.array_equal(a, b) else [a, b]
+def _candidates(shape: tuple[int, ...], slots: int) -> list[np.ndarray]:
+    """Layouts worth trying for a register, preferred first (ties go to the earlier one).
+
+    The leading axis as channels (NCHW: ``c*HW' + t``) and the last axis as channels (token-major ``(T, C)``
+    tensors: ``c*T' + t``), each with its token blocks padded to a power of two, then both unpadded.
+    """
+    return [slot_of for slot_of, _ in _blocked_candidates(shape, slots)]
 
 
-def _cost(node: LinearNode, slot_out: np.ndarray, layouts: dict[int, np.ndarray], slots: int) -> int:
-    return sum(diagonal_count(m, slot_out, layouts[r], slots) for r, m in zip(node.inputs, node.matrices, strict=True))
+def preferred_layout(shape: tuple[int, ...]) -> np.ndarray:
+    """The layout a register of this shape most likely gets (the first candidate): for cost estimates."""
+    return _blocked_candidates(shape, 1 << 62)[0][0]
+
+
+def preferred_width(shape: tuple[int, ...]) -> int:
+    """The token block width of :func:`preferred_layout`."""
+    return _blocked_candidates(shape, 1 << 62)[0][1]
+
+
+def _blocked_candidates(shape: tuple[int, ...], slots: int) -> list[tuple[np.ndarray, int]]:
+    """:func:`_candidates` with the token block width of each (slot = channel * width + token)."""
+    dims = _squeeze(shape)
+    size = int(np.prod(dims))
+    lead, last = natural(shape), channel_major(shape)
+    options = []
+    if len(dims) >= 2:
+        options += [(padded(lead, size // dims[0]), pow2_at_least(size // dims[0])),
+                    (padded(last, size // dims[-1]), pow2_at_least(size // dims[-1]))]
+        options += [(lead, size // dims[0]), (last, size // dims[-1])]
+    else:
+        options.append((lead, 1))
+    unique: list[tuple[np.ndarray, int]] = []
+    for slot_of, width in options:
+        if int(slot_of.max()) < slots and not any(np.array_equal(slot_of, o) for o, _ in unique):
+            unique.append((slot_of, width))
+    return unique or [(lead, 1)]
+
+
+def _cost(node: LinearNode, slot_out: np.ndarray, layouts: dict[int, np.ndarray], periods: dict[int, int]) -> int:
+    return sum(diagonal_count(m, slot_out, layouts[r], periods[r])
+               for r, m in zip(node.inputs, node.matrices, strict=True))
 
 
 def choose_layouts(circuit: Circuit, slots: int) -> dict[int, np.ndarray]:
     """slot_of arrays for every register (logical element index -> slot)."""
     layouts: dict[int, np.ndarray] = {}
+    periods: dict[int, int] = {}
     forced: dict[int, int] = {}  # register -> register whose layout it must share (product operands)
     for node in circuit.nodes:
         if isinstance(node, MulNode):
@@ -95,24 +167,28 @@ def choose_layouts(circuit: Circuit, slots: int) -> dict[int, np.ndarray]:
     if first is not None:
         matrix = first.matrices[first.inputs.index(0)]
         out_shape = circuit.shapes[first.out]
-        best = (diagonal_count(matrix, channel_major(out_shape), layouts[0], slots), layouts[0])
-        for slot_out in _candidates(out_shape):
-            packed = token_aligned(matrix, slot_out, tokens_of(out_shape), slots)
+        options = [(diagonal_count(matrix, slot_out, layouts[0], period_of(layouts[0])), layouts[0])
+                   for slot_out in _candidates(out_shape, slots)]
+        for slot_out, width in _blocked_candidates(out_shape, slots):
+            packed = token_aligned(matrix, slot_out, width, slots)
             if packed is not None:
-                best = min(best, (diagonal_count(matrix, slot_out, packed, slots), packed), key=lambda b: b[0])
-        layouts[0] = best[1]
+                options.append((diagonal_count(matrix, slot_out, packed, period_of(packed)), packed))
+        layouts[0] = min(options, key=lambda o: (o[0], period_of(o[1])))[1]
+    periods[0] = period_of(layouts[0])
     for node in circuit.nodes:
         shape = circuit.shapes[node.out]
         if isinstance(node, LinearNode):
             if node.out in forced and forced[node.out] in layouts:
                 layouts[node.out] = layouts[forced[node.out]]
-                continue
-            options = _candidates(shape)
-            layouts[node.out] = min(options, key=lambda s, node=node: _cost(node, s, layouts, slots))
+            else:
+                options = _candidates(shape, slots)
+                costs = [_cost(node, s, layouts, periods) for s in options]
+                layouts[node.out] = options[int(np.argmin(costs))]  # ties: the preferred (earlier) option
         elif isinstance(node, MulNode):
             layouts[node.out] = layouts[node.a]
         elif isinstance(node, MatMulNode):
             layouts[node.out] = natural(shape)
+        periods[node.out] = period_of(layouts[node.out])
     if any(isinstance(n, MulNode) and not np.array_equal(layouts[n.a], layouts[n.b]) for n in circuit.nodes):
         return {reg: natural(shape) for reg, shape in circuit.shapes.items()}  # safe fallback: one layout
     return layouts

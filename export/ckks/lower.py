@@ -19,11 +19,15 @@ from polyfhe.analysis.constants import ConstantFolder
 from polyfhe.analysis.graph import topological_order
 from polyfhe.export.ckks.affine import AffineExpr, LoweringError, align, apply_linear, attributes
 from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
+from polyfhe.export.ckks.cost import map_cost, term_diagonals
 
 __all__ = ["lower_onnx"]
 
 log = logging.getLogger(__name__)
 
+# Outputs of weighted ops may be read by later maps as a register of their own (a checkpoint): a low-rank
+# pair or a patch embedding stays factored when merging it into its consumers would cost more.
+CHECKPOINT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 
 
@@ -107,7 +111,11 @@ class _Lowering:
         self.env[name] = AffineExpr(shape, {0: np.eye(size).reshape((size, *shape))}, None)
         self._materialised: dict[int, tuple[weakref.ref, int]] = {}  # id(expr) -> (ref, register): reuse
         self._levels: dict[int, int] = {0: 0}  # register -> rescales consumed
-        self._shadows: dict[int, AffineExpr] = {}  # shadow id (< 0) -> the residual sum it stands for
+        self._shadows: dict[int, AffineExpr] = {}  # shadow id (< 0) -> the tensor it stands for
+        self._shadow_costs: dict[int, float] = {}
+        # shadow -> (inverse scale as a term, offset) when bound to a register holding d * shadow + c
+        self._shadow_offsets: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._costs: dict[int, tuple[weakref.ref, float]] = {}  # id(form) -> (ref, estimated map cost)
         self._shadow_regs: dict[int, int] = {}  # shadow id -> register, once materialised
 
     # ---------------------------------------------------------------------------------------------------
@@ -136,6 +144,9 @@ class _Lowering:
         op = node.op_type
         if op in ("Shape", "Size"):
             return  # public shape information: the folder evaluates it from static shapes
+        exponent = self._const(node.input[1]) if op == "Pow" and node.input[1] not in self.env else None
+        if exponent is not None and np.size(exponent) == 1 and not np.any(exponent):
+            return  # x ** 0 == 1 whatever x (the analyzer calls it public): read as a constant from the probe
         out_shape = self._shape(node.output[0], node)
         if op == "Cast":
             if attributes(node).get("to") not in _FLOAT_TYPES:
@@ -161,7 +172,11 @@ class _Lowering:
             if any(c is None and n and not e for c, n, e in zip(consts, node.input, enc)):
                 raise LoweringError(f"node {node.name} ({op}): an operand is neither encrypted nor a known constant")
             src = self.env[node.input[enc.index(True)]]
-            self.env[node.output[0]] = apply_linear(node, src, consts, out_shape)
+            result = apply_linear(node, src, consts, out_shape)
+            if op in CHECKPOINT_OPS:
+                self._checkpoint(result)
+                result = self._prune(result)
+            self.env[node.output[0]] = result
 
     def _const(self, name: str) -> np.ndarray | None:
         """Compile-time value of a non-encrypted operand (initializer, Constant, or shape arithmetic)."""
@@ -198,60 +213,136 @@ class _Lowering:
                 result.terms[reg] = result.terms.get(reg, 0.0) + sign * arr
         return result
 
-    def _combine(self, node: onnx.NodeProto, out_shape: tuple[int, ...]) -> AffineExpr:
-        """Encrypted + encrypted (a residual connection): the sum, plus a compact form and a shadow.
+    def _per_level(self, operands: list[AffineExpr]) -> list[list[AffineExpr]]:
+        """For every level some operand form reaches, the cheapest form of each operand at or below it.
 
-        The compact form sums the operands' reduced forms (earlier residual checkpoints as single shadow
-        registers); the shadow is this sum as one register, created only if a later map prefers it. With
-        them a deep residual stream costs a few terms per map instead of one per earlier block.
+        Forms of a sum (or a concatenation) are combinations of its operands' forms; keeping one per level
+        is the Pareto front of (level, cost) when costs add up.
+        """
+        encrypted = [e for e in operands if e.terms]
+        levels = sorted({self._form_level(f) for e in encrypted for f in e.forms()})
+        combos = []
+        for level in levels:
+            combo = [self._cheapest(e, level, pending=False) if e.terms else e for e in operands]
+            if all(c is not None for c in combo):
+                combos.append(combo)
+        return combos
+
+    def _combine(self, node: onnx.NodeProto, out_shape: tuple[int, ...]) -> AffineExpr:
+        """Encrypted + encrypted (a residual connection): the sum, its cheaper forms, and a checkpoint.
+
+        Each form sums per-operand forms at one level (earlier registers that hold an operand are read
+        directly); the checkpoint is the sum as one *shadow* register, created only if a later map prefers
+        it. With them a deep residual stream costs a few terms per map instead of one per earlier block.
         """
         signs = [-1.0 if (node.op_type == "Sub" and pos == 1) else 1.0 for pos in range(len(node.input))]
         operands = [self._broadcast(self._operand(name, out_shape), out_shape) for name in node.input]
         result = self._sum(out_shape, list(zip(signs, operands, strict=True)))
-        encrypted = [e for e in operands if e.terms]
-        if len(encrypted) > 1:
-            result.compact = self._sum(out_shape, [(s, e.reduced()) for s, e in zip(signs, operands, strict=True)])
-            shadow = -(len(self._shadows) + 1)
-            self._shadows[shadow] = result.compact
-            size = int(np.prod(out_shape))
-            result.shadowed = AffineExpr(tuple(out_shape), {shadow: np.eye(size).reshape((size, *out_shape))}, None)
-        return result
+        for combo in self._per_level(operands):
+            result.alternatives.append(self._sum(out_shape, list(zip(signs, combo, strict=True))))
+        if sum(1 for e in operands if e.terms) > 1:
+            self._checkpoint(result)
+        return self._prune(result)
+
+    def _checkpoint(self, expr: AffineExpr) -> None:
+        """Add a form that reads ``expr`` as one shadow register (materialised only if chosen)."""
+        shadow = -(len(self._shadows) + 1)
+        self._shadows[shadow] = AffineExpr(expr.shape, expr.terms, expr.const, list(expr.alternatives))
+        expr.alternatives.append(self._identity(shadow, expr.shape))
+
+    @staticmethod
+    def _identity(reg: int, shape: tuple[int, ...]) -> AffineExpr:
+        size = int(np.prod(shape))
+        return AffineExpr(tuple(shape), {reg: np.eye(size).reshape((size, *shape))}, None)
 
     # ---------------------------------------------------------------------------------------------------
     def _level(self, reg: int) -> int:
+        """Rescales consumed by a register (a shadow: by the register it would become)."""
         if reg >= 0:
             return self._levels[reg]
         if reg in self._shadow_regs:
             return self._levels[self._shadow_regs[reg]]
-        return max(self._level(r) for r in self._shadows[reg].terms) + 1
+        return min(self._form_level(f) for f in self._shadows[reg].forms())
 
-    def _form_cost(self, expr: AffineExpr) -> tuple[int, int]:
-        """(level the materialised map lands on, number of registers it reads)."""
-        return max(self._level(r) for r in expr.terms) + 1, len(expr.terms)
+    def _form_level(self, expr: AffineExpr) -> int:
+        """The level a map computing this form lands on."""
+        return max((self._level(r) for r in expr.terms), default=-1) + 1
+
+    def _form_cost(self, expr: AffineExpr, pending: bool = True) -> float:
+        """Estimated cost of the map computing this form, plus (``pending``) that of the shadows it creates."""
+        known = self._costs.get(id(expr))
+        if known is None or known[0]() is not expr:
+            diagonals = sum(term_diagonals(arr, self._reg_shape(r), expr.shape, packed_input=r == 0)
+                            for r, arr in expr.terms.items())
+            known = self._costs[id(expr)] = (weakref.ref(expr), map_cost(diagonals))
+        return known[1] + (self._pending(expr) if pending else 0.0)
+
+    def _pending(self, expr: AffineExpr) -> float:
+        """Half the cost of the checkpoints this form would create: a checkpoint of the stream that feeds a
+        product usually serves both of its operands (and often later maps too)."""
+        return 0.5 * sum(self._shadow_cost(r) for r in expr.terms if r < 0 and r not in self._shadow_regs)
+
+    def _reg_shape(self, reg: int) -> tuple[int, ...]:
+        return self.circuit.shapes[reg] if reg >= 0 else self._shadows[reg].shape
+
+    def _shadow_cost(self, shadow: int) -> float:
+        if shadow not in self._shadow_costs:
+            expr = self._shadows[shadow]
+            self._shadow_costs[shadow] = self._form_cost(self._cheapest(expr, self._level(shadow)))
+        return self._shadow_costs[shadow]
+
+    def _cheapest(self, expr: AffineExpr, level: int, pending: bool = True) -> AffineExpr | None:
+        """The cheapest form of ``expr`` whose map lands at or below ``level`` (None if none does).
+
+        ``pending=False`` ignores the cost of creating checkpoints: used for the forms of a sum, whose
+        final cost is only known once later ops have acted on it.
+        """
+        forms = [f for f in expr.forms() if self._form_level(f) <= level]
+        if len(forms) <= 1:
+            return forms[0] if forms else None
+        # ties (e.g. a checkpoint and a register holding the same tensor) go to what exists already
+        return min(forms, key=lambda f: (self._form_cost(f, pending), self._pending(f)))
+
+    def _prune(self, expr: AffineExpr) -> AffineExpr:
+        """Keep the alternatives on the (level, own cost) Pareto front; the merged form always stays.
+
+        A checkpoint's own map is not counted here: it is paid once, by whichever later map reads it.
+        """
+        entries = sorted((self._form_level(f), self._form_cost(f, pending=False), i) for i, f in enumerate(expr.forms()))
+        kept, best = [], float("inf")
+        for _level, cost, i in entries:
+            if cost < best:
+                best = cost
+                if i > 0:
+                    kept.append(expr.alternatives[i - 1])
+        expr.alternatives = kept
+        return expr
 
     def _resolve(self, expr: AffineExpr) -> AffineExpr:
         """Replace shadow ids by real registers, creating the shadow maps on first use."""
         if all(r >= 0 for r in expr.terms):
             return expr
-        terms = {}
+        terms, const = {}, expr.const_or_zero().copy()
         for reg, arr in expr.terms.items():
             if reg < 0:
                 if reg not in self._shadow_regs:
-                    self._shadow_regs[reg] = self._materialise(self._shadows[reg], f"residual {-reg}")
+                    self._shadow_regs[reg] = self._materialise(self._shadows[reg], f"checkpoint {-reg}")
+                if reg in self._shadow_offsets:  # shadow = (register - c) / d
+                    inverse, offset = self._shadow_offsets[reg]
+                    n = len(offset)
+                    const = const + np.tensordot(offset, arr, axes=(0, 0))
+                    arr = (inverse.reshape(n, n) @ arr.reshape(n, -1)).reshape(arr.shape)
                 reg = self._shadow_regs[reg]
             terms[reg] = terms.get(reg, 0.0) + arr
-        return AffineExpr(expr.shape, terms, expr.const)
+        return AffineExpr(expr.shape, terms, const)
 
     def _concat(self, node: onnx.NodeProto, out_shape: tuple[int, ...]) -> AffineExpr:
-        """Concatenation of the parts, and of their compact/shadowed forms (e.g. the shift's channel groups)."""
+        """Concatenation of the parts, and of their cheapest forms per level (e.g. the shift's channel groups)."""
         axis = int(attributes(node).get("axis", 0)) % len(out_shape)
         parts = [self._operand(n, out_shape) for n in node.input]
         result = self._concat_parts(parts, axis, out_shape)
-        if any(p.compact is not None for p in parts):
-            result.compact = self._concat_parts([p.compact or p for p in parts], axis, out_shape)
-        if any(p.shadowed is not None for p in parts):
-            result.shadowed = self._concat_parts([p.reduced() for p in parts], axis, out_shape)
-        return result
+        result.alternatives = [self._concat_parts(combo, axis, out_shape) for combo in self._per_level(parts)]
+        return self._prune(result)
 
     @staticmethod
     def _concat_parts(parts: list[AffineExpr], axis: int, out_shape: tuple[int, ...]) -> AffineExpr:
@@ -276,34 +367,54 @@ class _Lowering:
 
     # ---------------------------------------------------------------------------------------------------
     def _materialise(self, expr: AffineExpr, label: str, force: bool = False) -> int:
-        """The register holding ``expr``, emitting a LinearNode unless it already is one register."""
+        """The register holding ``expr``: its cheapest form at its lowest level, emitted as a LinearNode.
+
+        Afterwards ``expr`` also has the form "this register", so later maps may read it directly.
+        """
         size = expr.size
         known = self._materialised.get(id(expr))
         if known is not None and known[0]() is expr:
             return known[1]
-        if not force and len(expr.terms) == 1 and (expr.const is None or not np.any(expr.const)):
-            reg, arr = next(iter(expr.terms.items()))
-            if arr.shape[0] == size and self.circuit.sizes[reg] == size and _is_identity(arr.reshape(size, size)):
-                return reg
         if not expr.terms:
             raise LoweringError(f"{label}: the value is a constant; nothing to compute under encryption")
-        original = expr
-        expr = self._resolve(min(expr.forms(), key=self._form_cost))  # lowest level, then fewest registers
-        if expr is not original and len(expr.terms) == 1 and (expr.const is None or not np.any(expr.const)):
-            reg, arr = next(iter(expr.terms.items()))
-            if arr.shape[0] == size and self.circuit.sizes[reg] == size and _is_identity(arr.reshape(size, size)):
-                self._materialised[id(original)] = (weakref.ref(original), reg)
-                return reg
+        if not force:
+            for form in expr.forms():
+                reg = _identity_register(form, size, self.circuit.sizes)
+                if reg is not None:
+                    return reg
+        chosen = self._resolve(self._cheapest(expr, min(self._form_level(f) for f in expr.forms())))
         reg = len(self.circuit.sizes)
-        inputs = sorted(expr.terms)
-        matrices = [expr.terms[r].reshape(len(expr.terms[r]), size).T.copy() for r in inputs]
-        bias = None if expr.const is None or not np.any(expr.const) else expr.const.reshape(-1).copy()
+        inputs = sorted(chosen.terms)
+        matrices = [chosen.terms[r].reshape(len(chosen.terms[r]), size).T.copy() for r in inputs]
+        bias = None if chosen.const is None or not np.any(chosen.const) else chosen.const.reshape(-1).copy()
         self.circuit.nodes.append(LinearNode(reg, inputs, matrices, bias, size, label))
         self.circuit.sizes[reg] = size
         self.circuit.shapes[reg] = tuple(expr.shape)
         self._levels[reg] = max(self._levels[r] for r in inputs) + 1
-        self._materialised[id(original)] = (weakref.ref(original), reg)
+        self._materialised[id(expr)] = (weakref.ref(expr), reg)
+        self._bind_checkpoints(expr, reg)
+        expr.alternatives.append(self._identity(reg, expr.shape))
         return reg
+
+    def _bind_checkpoints(self, expr: AffineExpr, reg: int) -> None:
+        """Checkpoints that ``reg`` holds up to a per-element scale and offset are read from ``reg`` instead.
+
+        ``reg = d * shadow + c`` (a BatchNorm, an alpha) gives ``shadow = (reg - c) / d``: a later map that
+        wants the checkpoint reads the register that exists already, at the same level and no extra cost.
+        """
+        for form in expr.alternatives:
+            if len(form.terms) != 1:
+                continue
+            shadow, arr = next(iter(form.terms.items()))
+            if shadow >= 0 or shadow in self._shadow_regs or arr.shape[0] != expr.size:
+                continue
+            square = arr.reshape(expr.size, expr.size)
+            scale = np.diagonal(square).copy()
+            if np.any(scale == 0) or np.count_nonzero(square) != expr.size:
+                continue
+            inverse = np.diag(1.0 / scale).reshape((expr.size, *expr.shape))
+            self._shadow_regs[shadow] = reg
+            self._shadow_offsets[shadow] = (inverse, -form.const_or_zero().reshape(-1) / scale)
 
     def _register_expr(self, reg: int, shape: tuple[int, ...]) -> AffineExpr:
         size = self.circuit.sizes[reg]
@@ -358,6 +469,16 @@ class _Lowering:
 
 def _is_identity(m: np.ndarray) -> bool:
     return m.shape[0] == m.shape[1] and np.array_equal(m, np.eye(m.shape[0]))
+
+
+def _identity_register(form: AffineExpr, size: int, sizes: dict[int, int]) -> int | None:
+    """The register ``form`` is exactly (one real register, identity, no constant), else None."""
+    if len(form.terms) != 1 or (form.const is not None and np.any(form.const)):
+        return None
+    reg, arr = next(iter(form.terms.items()))
+    if reg >= 0 and arr.shape[0] == size and sizes[reg] == size and _is_identity(arr.reshape(size, size)):
+        return reg
+    return None
 
 
 def lower_onnx(model: onnx.ModelProto) -> Circuit:

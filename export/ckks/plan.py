@@ -28,14 +28,14 @@ import numpy as np
 
 from polyfhe.export.ckks.affine import LoweringError
 from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
-from polyfhe.export.ckks.layout import choose_layouts
+from polyfhe.export.ckks.cost import ROTATION_COST
+from polyfhe.export.ckks.layout import choose_layouts, offsets, pow2_at_least
 from polyfhe.fhe.program import Step
 
 __all__ = ["Plan", "plan_batch", "plan_single"]
 
 log = logging.getLogger(__name__)
 
-ROTATION_COST = 12.0  # a key switch costs about this many plaintext products (measured: ~50 ms vs ~4 ms)
 
 
 @dataclass
@@ -48,12 +48,11 @@ class Plan:
     output_slots: tuple[int, ...] = ()  # single layout: slot of each output element
 
 
-def _diagonals(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, period: int,
+def _diagonals(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, period: int, period_in: int,
                slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """Non-zero period-P diagonals of the S x S slot matrix given as triples: (offsets k, values (len(k), S))."""
-    delta = (cols - rows) % slots
-    ks = delta % period
-    ts = rows + (delta // period) * period
+    """Non-zero period-P diagonals of a map given as slot triples, its input replicated every ``period_in``
+    slots: (offsets k, values (len(k), slots))."""
+    ks, ts = offsets(rows, cols, period, period_in)
     uniq, pos = np.unique(ks, return_inverse=True)
     diags = np.zeros((len(uniq), slots))
     diags[pos, ts] = vals
@@ -80,10 +79,6 @@ def _baby_size(ks_list: list[np.ndarray], period: int) -> tuple[int, int]:
     return best[1], best[0]
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, int(n - 1).bit_length())
-
-
 def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, steps_used: Counter,
                         layouts: dict[int, np.ndarray], periods: dict[int, int]) -> dict:
     """Plan one map; ``periods[r]``: register r repeats every periods[r] slots (the input is replicated)."""
@@ -96,11 +91,12 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
     for reg, matrix in zip(node.inputs, node.matrices, strict=True):
         rows, cols = np.nonzero(matrix)
         triples.append((slot_out[rows], layouts[reg][cols], matrix[rows, cols]))
-    space = max(_pow2_at_least(int(slot_out.max()) + 1), *[periods[r] for r in node.inputs])
-    period = _pow2_at_least(int(slot_out.max()) + 1)
+    space = max(pow2_at_least(int(slot_out.max()) + 1), *[periods[r] for r in node.inputs])
+    period = pow2_at_least(int(slot_out.max()) + 1)
     best = None
     while period <= space:
-        terms = [_diagonals(r, c, v, period, space) for r, c, v in triples]
+        terms = [_diagonals(r, c, v, period, periods[reg], space)
+                 for (r, c, v), reg in zip(triples, node.inputs, strict=True)]
         baby, rotations = _baby_size([ks for ks, _ in terms], period)
         reductions = int(np.log2(space // period))
         products = sum(len(ks) for ks, _ in terms)
@@ -155,7 +151,7 @@ def _plan_linear_batch(node: LinearNode, index: int, arrays: dict) -> dict:
 def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None = None) -> Plan:
     levels = circuit.levels()
     layouts = choose_layouts(circuit, slots) if layout == "single" else {}
-    periods = {0: _pow2_at_least(int(layouts[0].max()) + 1)} if layout == "single" else {}
+    periods = {0: pow2_at_least(int(layouts[0].max()) + 1)} if layout == "single" else {}
     steps: list[Step] = []
     arrays: dict[str, np.ndarray] = {}
     used: Counter = Counter()
@@ -224,7 +220,7 @@ def max_samples_per_ciphertext(circuit: Circuit, slots: int) -> int:
     if widest > slots:
         raise LoweringError(f"a tensor of {widest} values does not fit {slots} slots; use a larger ring or "
                             "layout='batch'")
-    return slots // _pow2_at_least(widest)
+    return slots // pow2_at_least(widest)
 
 
 def plan_single(circuit: Circuit, slots: int, max_galois_keys: int | None = None,

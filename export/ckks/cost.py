@@ -1,0 +1,59 @@
+"""The planner's cost model: what computing a tensor from given registers costs in the single layout.
+
+While lowering, a tensor can often be computed in several ways (merged back to early registers, or from a
+register that already holds a part of it); every way at the same CKKS level is equally deep, so the planner
+takes the cheapest. A map's cost is dominated by its plaintext diagonals (an encode and a plaintext product
+each) and its rotations (a key switch each, about ``ROTATION_COST`` products; BSGS needs about
+``2 sqrt(diagonals)``). Diagonals are counted in the layouts the planner prefers (padded channel-major), so
+the estimate follows what ``plan.py`` will emit.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from polyfhe.export.ckks.layout import offsets, period_of, preferred_layout, preferred_width, token_aligned
+
+__all__ = ["ROTATION_COST", "map_cost", "term_diagonals"]
+
+ROTATION_COST = 12.0  # a key switch costs about this many plaintext products (measured: ~50 ms vs ~4 ms)
+
+
+@lru_cache(maxsize=256)
+def _layout(shape: tuple[int, ...]) -> np.ndarray:
+    return preferred_layout(shape)
+
+
+def term_diagonals(stacked: np.ndarray, in_shape: tuple[int, ...], out_shape: tuple[int, ...],
+                   packed_input: bool = False) -> int:
+    """Plaintext diagonals of one term ``(n_in, *out_shape)`` (the image of each input basis vector).
+
+    ``packed_input``: the term reads the program input, which the client packs for its first consumer
+    (token-aligned, see ``layout.py``), so it is counted in that packing.
+    """
+    n = stacked.shape[0]
+    cols, rows = np.nonzero(stacked.reshape(n, -1))
+    if len(rows) == 0:
+        return 0
+    slot_in, slot_out = _layout(tuple(in_shape)), _layout(tuple(out_shape))
+    if packed_input:
+        width = _token_width(tuple(out_shape))
+        matrix = stacked.reshape(n, -1).T
+        packed = token_aligned(matrix, slot_out, width, 1 << 62) if width > 1 else None
+        slot_in = slot_in if packed is None else packed
+    ks, _ = offsets(slot_out[rows], slot_in[cols], period_of(slot_out), period_of(slot_in))
+    return len(np.unique(ks))
+
+
+@lru_cache(maxsize=256)
+def _token_width(shape: tuple[int, ...]) -> int:
+    """Token block width of the preferred layout: slots between consecutive channels."""
+    dims = [d for d in shape if d != 1]
+    return preferred_width(tuple(dims)) if len(dims) >= 2 else 1
+
+
+def map_cost(diagonals: int) -> float:
+    """Products plus key switches (in product units) of a BSGS map with this many diagonals."""
+    return diagonals + ROTATION_COST * 2.0 * np.sqrt(diagonals) if diagonals else 0.0
