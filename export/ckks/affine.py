@@ -33,10 +33,10 @@ class AffineExpr:
     shape: tuple[int, ...]
     terms: dict[int, np.ndarray] = field(default_factory=dict)  # register id -> (n_j, *shape)
     const: np.ndarray | None = None  # shape ``shape`` or None for zero
-    # Equivalent forms of the same tensor over fewer registers (see lower.py: residual checkpoints).
-    # Negative register ids are *shadows*: registers the lowering creates only if a form using them is chosen.
-    compact: AffineExpr | None = None
-    shadowed: AffineExpr | None = None
+    # Other expressions of the same tensor over other registers: earlier registers that already hold a part
+    # of it, residual checkpoints and the outputs of weighted ops. Negative register ids are *shadows*:
+    # registers the lowering creates only if a form reading them is chosen (see lower.py).
+    alternatives: list[AffineExpr] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -49,17 +49,11 @@ class AffineExpr:
         """Apply a linear op: ``fn(stacked, with_bias)``; terms get the op without bias, the constant with it."""
         const = fn(self.const_or_zero()[None], True)[0]
         terms = {reg: fn(arr, False) for reg, arr in self.terms.items()}
-        out = AffineExpr(tuple(const.shape), terms, const)
-        out.compact = self.compact.map(fn) if self.compact is not None else None
-        out.shadowed = self.shadowed.map(fn) if self.shadowed is not None else None
-        return out
+        return AffineExpr(tuple(const.shape), terms, const, [alt.map(fn) for alt in self.alternatives])
 
     def forms(self) -> list[AffineExpr]:
-        return [f for f in (self, self.compact, self.shadowed) if f is not None]
-
-    def reduced(self) -> AffineExpr:
-        """The form with the fewest registers: the shadow of a checkpoint, else the compact form, else this."""
-        return self.shadowed or self.compact or self
+        """Every way to compute this tensor: the merged form first, then the alternatives."""
+        return [self, *self.alternatives]
 
     def scaled(self, factor: np.ndarray | float) -> AffineExpr:
         return self.map(lambda x, _bias: x * factor)
