@@ -17,6 +17,7 @@ import onnx
 
 from polyfhe.export.ckks.affine import LoweringError
 from polyfhe.export.ckks.circuit import Circuit
+from polyfhe.export.ckks.counters import plan_counters
 from polyfhe.export.ckks.lower import lower_onnx
 from polyfhe.export.ckks.plan import plan_batch, plan_single
 from polyfhe.fhe.params import CKKSParams, ParameterError, choose_params, validate
@@ -144,7 +145,11 @@ def export_ckks(
                 else plan_batch(circuit))
     except LoweringError as exc:
         raise CKKSExportError(f"{name}: {exc}") from exc
+    lanes = int(plan.stats.get("samples_per_ciphertext", 1))
+    planned = plan_counters(plan.steps, plan.arrays, [g // lanes for g in plan.galois_steps], params, layout,
+                            params.slots // lanes)
     info = {
+        "planned": planned,
         "model_name": name, "degree": circuit.degrees()[circuit.output], "depth": circuit.depth,
         "analyzer": {"degree": report.degree, "mult_depth": report.mult_depth, "levels": report.levels},
         "output_shape": list(circuit.output_shape), **plan.stats, **cal_info,

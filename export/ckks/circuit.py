@@ -17,7 +17,7 @@ __all__ = ["Circuit", "LinearNode", "MatMulNode", "MulNode"]
 
 @dataclass
 class LinearNode:
-    """``out = sum_j matrices[j] @ inputs[j] + bias`` (matrices are ``(size, n_j)``)."""
+    """``out = sum_j matrices[j] @ inputs[j] + bias`` (matrices are ``(size, n_j)``, sparse or dense)."""
 
     out: int
     inputs: list[int]
@@ -110,7 +110,7 @@ class Circuit:
 
 
 def _eval_linear(node: LinearNode, regs: dict[int, np.ndarray]) -> np.ndarray:
-    out = sum(regs[i] @ m.T for i, m in zip(node.inputs, node.matrices, strict=True))
+    out = sum(np.asarray(m @ regs[i].T).T for i, m in zip(node.inputs, node.matrices, strict=True))
     return out + node.bias if node.bias is not None else out
 
 

@@ -14,11 +14,20 @@ from functools import lru_cache
 
 import numpy as np
 
-from polyfhe.export.ckks.layout import offsets, period_of, preferred_layout, preferred_width, token_aligned
+from polyfhe.export.ckks.layout import (
+    nonzero,
+    offsets,
+    period_of,
+    preferred_layout,
+    preferred_width,
+    token_aligned,
+)
 
-__all__ = ["ROTATION_COST", "map_cost", "term_diagonals"]
+__all__ = ["COMPOSED_COST", "NEW_KEY_COST", "ROTATION_COST", "map_cost", "term_diagonals"]
 
-ROTATION_COST = 12.0  # a key switch costs about this many plaintext products (measured: ~50 ms vs ~4 ms)
+ROTATION_COST = 20.0  # a key switch costs about this many plaintext products (N=16384: ~45 ms vs ~2 ms)
+NEW_KEY_COST = 0.5  # a new Galois key (upload, key generation), in key switches: reuse beats a fresh step
+COMPOSED_COST = 4.0  # a step past the key budget is composed of ~3 key switches on every use, in key switches
 
 
 @lru_cache(maxsize=256)
@@ -26,21 +35,20 @@ def _layout(shape: tuple[int, ...]) -> np.ndarray:
     return preferred_layout(shape)
 
 
-def term_diagonals(stacked: np.ndarray, in_shape: tuple[int, ...], out_shape: tuple[int, ...],
+def term_diagonals(stacked, in_shape: tuple[int, ...], out_shape: tuple[int, ...],
                    packed_input: bool = False) -> int:
-    """Plaintext diagonals of one term ``(n_in, *out_shape)`` (the image of each input basis vector).
+    """Plaintext diagonals of one term, a sparse ``(n_in, out_size)`` matrix (input basis images).
 
     ``packed_input``: the term reads the program input, which the client packs for its first consumer
     (token-aligned, see ``layout.py``), so it is counted in that packing.
     """
-    n = stacked.shape[0]
-    cols, rows = np.nonzero(stacked.reshape(n, -1))
+    cols, rows, _ = nonzero(stacked)
     if len(rows) == 0:
         return 0
     slot_in, slot_out = _layout(tuple(in_shape)), _layout(tuple(out_shape))
     if packed_input:
         width = _token_width(tuple(out_shape))
-        matrix = stacked.reshape(n, -1).T
+        matrix = stacked.T
         packed = token_aligned(matrix, slot_out, width, 1 << 62) if width > 1 else None
         slot_in = slot_in if packed is None else packed
     ks, _ = offsets(slot_out[rows], slot_in[cols], period_of(slot_out), period_of(slot_in))

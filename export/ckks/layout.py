@@ -14,9 +14,14 @@ consumer, so that a patch embedding (stride = kernel) becomes channel mixing too
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
+
+log = logging.getLogger(__name__)
+FALLBACK = -1  # key of choose_layouts' result when it fell back to natural layouts
 
 __all__ = ["choose_layouts", "diagonal_count"]
 
@@ -79,8 +84,18 @@ def offsets(rows: np.ndarray, cols: np.ndarray, period_out: int, period_in: int)
     return delta % period_out, rows + (delta // period_out) * period_out
 
 
-def diagonal_count(matrix: np.ndarray, slot_out: np.ndarray, slot_in: np.ndarray, period_in: int) -> int:
+def nonzero(matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, cols, values) of the non-zero entries of a dense or scipy sparse matrix."""
+    if hasattr(matrix, "tocoo"):
+        coo = matrix.tocoo()
+        keep = coo.data != 0
+        return coo.row[keep].astype(np.int64), coo.col[keep].astype(np.int64), coo.data[keep]
     rows, cols = np.nonzero(matrix)
+    return rows, cols, matrix[rows, cols]
+
+
+def diagonal_count(matrix, slot_out: np.ndarray, slot_in: np.ndarray, period_in: int) -> int:
+    rows, cols, _ = nonzero(matrix)
     ks, _ = offsets(slot_out[rows], slot_in[cols], period_of(slot_out), period_in)
     return len(np.unique(ks))
 
@@ -91,7 +106,7 @@ def token_aligned(matrix: np.ndarray, slot_out: np.ndarray, width: int, slots: i
     ``width`` is the output layout's token block (slot = channel*width + token), padded or not.
     """
     n = matrix.shape[1]
-    rows, cols = np.nonzero(matrix)
+    rows, cols, _ = nonzero(matrix)
     if width <= 1 or len(cols) == 0:
         return None
     tokens = width
@@ -190,5 +205,9 @@ def choose_layouts(circuit: Circuit, slots: int) -> dict[int, np.ndarray]:
             layouts[node.out] = natural(shape)
         periods[node.out] = period_of(layouts[node.out])
     if any(isinstance(n, MulNode) and not np.array_equal(layouts[n.a], layouts[n.b]) for n in circuit.nodes):
-        return {reg: natural(shape) for reg, shape in circuit.shapes.items()}  # safe fallback: one layout
+        log.warning("the operands of a product got different slot layouts; falling back to the natural layout for "
+                    "every register (correct, but channel mixing costs more diagonals)")
+        fallback = {reg: natural(shape) for reg, shape in circuit.shapes.items()}
+        fallback[FALLBACK] = np.zeros(0, dtype=np.int64)  # marker for the manifest
+        return fallback
     return layouts

@@ -14,10 +14,18 @@ import weakref
 
 import numpy as np
 import onnx
+import scipy.sparse as sp
 
 from polyfhe.analysis.constants import ConstantFolder
 from polyfhe.analysis.graph import topological_order
-from polyfhe.export.ckks.affine import AffineExpr, LoweringError, align, apply_linear, attributes
+from polyfhe.export.ckks.affine import (
+    AffineExpr,
+    LoweringError,
+    align,
+    apply_linear,
+    attributes,
+    identity_term,
+)
 from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
 from polyfhe.export.ckks.cost import map_cost, term_diagonals
 
@@ -108,13 +116,13 @@ class _Lowering:
         size = int(np.prod(shape))
         self.circuit.sizes[0] = size
         self.circuit.shapes[0] = tuple(shape)
-        self.env[name] = AffineExpr(shape, {0: np.eye(size).reshape((size, *shape))}, None)
+        self.env[name] = AffineExpr(shape, {0: identity_term(size)}, None)
         self._materialised: dict[int, tuple[weakref.ref, int]] = {}  # id(expr) -> (ref, register): reuse
         self._levels: dict[int, int] = {0: 0}  # register -> rescales consumed
         self._shadows: dict[int, AffineExpr] = {}  # shadow id (< 0) -> the tensor it stands for
         self._shadow_costs: dict[int, float] = {}
-        # shadow -> (inverse scale as a term, offset) when bound to a register holding d * shadow + c
-        self._shadow_offsets: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # shadow -> (1 / d as a diagonal matrix, -c / d) when bound to a register holding d * shadow + c
+        self._shadow_offsets: dict[int, tuple[sp.csr_matrix, np.ndarray]] = {}
         self._costs: dict[int, tuple[weakref.ref, float]] = {}  # id(form) -> (ref, estimated map cost)
         self._shadow_regs: dict[int, int] = {}  # shadow id -> register, once materialised
 
@@ -210,7 +218,7 @@ class _Lowering:
         for sign, expr in parts:
             result.const = result.const + sign * expr.const_or_zero()
             for reg, arr in expr.terms.items():
-                result.terms[reg] = result.terms.get(reg, 0.0) + sign * arr
+                result.terms[reg] = result.terms[reg] + sign * arr if reg in result.terms else sign * arr
         return result
 
     def _per_level(self, operands: list[AffineExpr]) -> list[list[AffineExpr]]:
@@ -252,8 +260,7 @@ class _Lowering:
 
     @staticmethod
     def _identity(reg: int, shape: tuple[int, ...]) -> AffineExpr:
-        size = int(np.prod(shape))
-        return AffineExpr(tuple(shape), {reg: np.eye(size).reshape((size, *shape))}, None)
+        return AffineExpr(tuple(shape), {reg: identity_term(int(np.prod(shape)))}, None)
 
     # ---------------------------------------------------------------------------------------------------
     def _level(self, reg: int) -> int:
@@ -329,11 +336,10 @@ class _Lowering:
                     self._shadow_regs[reg] = self._materialise(self._shadows[reg], f"checkpoint {-reg}")
                 if reg in self._shadow_offsets:  # shadow = (register - c) / d
                     inverse, offset = self._shadow_offsets[reg]
-                    n = len(offset)
-                    const = const + np.tensordot(offset, arr, axes=(0, 0))
-                    arr = (inverse.reshape(n, n) @ arr.reshape(n, -1)).reshape(arr.shape)
+                    const = const + (arr.T @ offset).reshape(expr.shape)
+                    arr = (inverse @ arr).tocsr()
                 reg = self._shadow_regs[reg]
-            terms[reg] = terms.get(reg, 0.0) + arr
+            terms[reg] = terms[reg] + arr if reg in terms else arr
         return AffineExpr(expr.shape, terms, const)
 
     def _concat(self, node: onnx.NodeProto, out_shape: tuple[int, ...]) -> AffineExpr:
@@ -346,11 +352,17 @@ class _Lowering:
 
     @staticmethod
     def _concat_parts(parts: list[AffineExpr], axis: int, out_shape: tuple[int, ...]) -> AffineExpr:
-        regs = {r: len(arr) for p in parts for r, arr in p.terms.items()}
-        terms = {
-            reg: np.concatenate([p.terms.get(reg, np.zeros((k, *p.shape))) for p in parts], axis=axis + 1)
-            for reg, k in regs.items()
-        }
+        """Each part's elements land at their places in the output: a 0/1 selection matrix per part."""
+        size = int(np.prod(out_shape))
+        places = np.split(np.arange(size).reshape(out_shape), np.cumsum([p.shape[axis] for p in parts])[:-1],
+                          axis=axis)
+        terms: dict[int, sp.csr_matrix] = {}
+        for part, place in zip(parts, places, strict=True):
+            index = place.reshape(-1)
+            select = sp.csr_matrix((np.ones(len(index)), (np.arange(len(index)), index)), shape=(len(index), size))
+            for reg, arr in part.terms.items():
+                moved = (arr @ select).tocsr()
+                terms[reg] = terms[reg] + moved if reg in terms else moved
         const = np.concatenate([p.const_or_zero() for p in parts], axis=axis)
         return AffineExpr(tuple(out_shape), terms, const)
 
@@ -385,7 +397,7 @@ class _Lowering:
         chosen = self._resolve(self._cheapest(expr, min(self._form_level(f) for f in expr.forms())))
         reg = len(self.circuit.sizes)
         inputs = sorted(chosen.terms)
-        matrices = [chosen.terms[r].reshape(len(chosen.terms[r]), size).T.copy() for r in inputs]
+        matrices = [chosen.terms[r].T.tocsr() for r in inputs]
         bias = None if chosen.const is None or not np.any(chosen.const) else chosen.const.reshape(-1).copy()
         self.circuit.nodes.append(LinearNode(reg, inputs, matrices, bias, size, label))
         self.circuit.sizes[reg] = size
@@ -406,19 +418,17 @@ class _Lowering:
             if len(form.terms) != 1:
                 continue
             shadow, arr = next(iter(form.terms.items()))
-            if shadow >= 0 or shadow in self._shadow_regs or arr.shape[0] != expr.size:
+            if shadow >= 0 or shadow in self._shadow_regs or arr.shape != (expr.size, expr.size):
                 continue
-            square = arr.reshape(expr.size, expr.size)
-            scale = np.diagonal(square).copy()
-            if np.any(scale == 0) or np.count_nonzero(square) != expr.size:
+            scale = arr.diagonal()
+            if np.any(scale == 0) or arr.count_nonzero() != expr.size:
                 continue
-            inverse = np.diag(1.0 / scale).reshape((expr.size, *expr.shape))
             self._shadow_regs[shadow] = reg
-            self._shadow_offsets[shadow] = (inverse, -form.const_or_zero().reshape(-1) / scale)
+            self._shadow_offsets[shadow] = (sp.diags(1.0 / scale, format="csr"),
+                                            -form.const_or_zero().reshape(-1) / scale)
 
     def _register_expr(self, reg: int, shape: tuple[int, ...]) -> AffineExpr:
-        size = self.circuit.sizes[reg]
-        return AffineExpr(tuple(shape), {reg: np.eye(size).reshape((size, *shape))}, None)
+        return self._identity(reg, shape)
 
     def _mul_regs(self, a: int, b: int, label: str, shape: tuple[int, ...]) -> int:
         reg = len(self.circuit.sizes)
@@ -467,16 +477,13 @@ class _Lowering:
         return self._register_expr(reg, out_shape)
 
 
-def _is_identity(m: np.ndarray) -> bool:
-    return m.shape[0] == m.shape[1] and np.array_equal(m, np.eye(m.shape[0]))
-
-
 def _identity_register(form: AffineExpr, size: int, sizes: dict[int, int]) -> int | None:
     """The register ``form`` is exactly (one real register, identity, no constant), else None."""
     if len(form.terms) != 1 or (form.const is not None and np.any(form.const)):
         return None
     reg, arr = next(iter(form.terms.items()))
-    if reg >= 0 and arr.shape[0] == size and sizes[reg] == size and _is_identity(arr.reshape(size, size)):
+    if reg >= 0 and arr.shape == (size, size) and sizes[reg] == size and arr.count_nonzero() == size \
+            and np.all(arr.diagonal() == 1.0):
         return reg
     return None
 

@@ -28,8 +28,8 @@ import numpy as np
 
 from polyfhe.export.ckks.affine import LoweringError
 from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
-from polyfhe.export.ckks.cost import ROTATION_COST
-from polyfhe.export.ckks.layout import choose_layouts, offsets, pow2_at_least
+from polyfhe.export.ckks.cost import COMPOSED_COST, NEW_KEY_COST, ROTATION_COST
+from polyfhe.export.ckks.layout import FALLBACK, choose_layouts, nonzero, offsets, pow2_at_least
 from polyfhe.fhe.program import Step
 
 __all__ = ["Plan", "plan_batch", "plan_single"]
@@ -59,28 +59,40 @@ def _diagonals(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, period: int
     return uniq.astype(np.int64), diags
 
 
-def _rotations(ks_list: list[np.ndarray], baby: int) -> int:
-    """Baby rotations per term (each term rotates its own register) + giant rotations shared by all terms."""
-    babies = sum(len(np.unique(ks % baby)) - (1 if np.any(ks % baby == 0) else 0) for ks in ks_list)
-    giant_ids = np.unique(np.concatenate([ks // baby for ks in ks_list]))
-    return babies + len(giant_ids) - (1 if giant_ids[0] == 0 else 0)
+def _steps(ks_list: list[np.ndarray], baby: int, period: int, space: int) -> tuple[int, set[int]]:
+    """(rotations, rotation steps) of one map: baby rotations per term (each term rotates its own register),
+    giant rotations shared by all terms, and the rotate-and-add reductions of the hybrid method."""
+    babies = [set(np.unique(ks % baby).tolist()) - {0} for ks in ks_list]
+    giants = set(np.unique(np.concatenate([(ks // baby) * baby for ks in ks_list])).tolist()) - {0}
+    reductions = {period << i for i in range(int(np.log2(space // period)))}
+    return sum(len(b) for b in babies) + len(giants) + len(reductions), set().union(*babies, giants, reductions)
 
 
-def _baby_size(ks_list: list[np.ndarray], period: int) -> tuple[int, int]:
-    """Baby-step size minimising baby + giant rotations over all terms of one map.
+def _schedule(ks_list: list[np.ndarray], period: int, space: int, keys: Counter,
+              max_keys: int | None) -> tuple[float, int, set[int]]:
+    """(cost, baby size, steps) of the cheapest BSGS schedule for one map, given the keys earlier maps use.
 
-    Every size up to ``period`` is tried, not only powers of two: channel mixing in a channel-major layout has
-    offsets ``j*T + small`` and splits best at a multiple of the token count T.
+    Every baby size up to ``period`` is tried, not only powers of two (channel mixing in a channel-major layout
+    has offsets ``j*T + small`` and splits best at a multiple of the token count T). A step without a key of
+    its own costs a key in the upload, or, past ``max_keys``, a rotation composed of several key switches on
+    every use; the schedule pays for that, so maps reuse the steps earlier maps made keys for.
     """
     if not any(len(ks) for ks in ks_list):
-        return 1, 0
-    sizes = range(1, min(period, 512) + 1)
-    best = min((_rotations(ks_list, b), b) for b in sizes)
-    return best[1], best[0]
+        return 0.0, 1, set()
+    products = sum(len(ks) for ks in ks_list)
+    best = None
+    for baby in range(1, min(period, 512) + 1):
+        rotations, steps = _steps(ks_list, baby, period, space)
+        new = len(steps - keys.keys())
+        over = max(0, len(keys) + new - max_keys) if max_keys else 0
+        cost = products + ROTATION_COST * (rotations + NEW_KEY_COST * new + COMPOSED_COST * over)
+        if best is None or cost < best[0]:
+            best = (cost, baby, steps)
+    return best
 
 
 def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, steps_used: Counter,
-                        layouts: dict[int, np.ndarray], periods: dict[int, int]) -> dict:
+                        layouts: dict[int, np.ndarray], periods: dict[int, int], max_keys: int | None) -> dict:
     """Plan one map; ``periods[r]``: register r repeats every periods[r] slots (the input is replicated)."""
     slot_out = layouts[node.out]
     widest = max(int(slot_out.max()), *[int(layouts[r].max()) for r in node.inputs]) + 1
@@ -89,22 +101,19 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
                             "use a larger ring or layout='batch'")
     triples = []
     for reg, matrix in zip(node.inputs, node.matrices, strict=True):
-        rows, cols = np.nonzero(matrix)
-        triples.append((slot_out[rows], layouts[reg][cols], matrix[rows, cols]))
+        rows, cols, vals = nonzero(matrix)
+        triples.append((slot_out[rows], layouts[reg][cols], vals))
     space = max(pow2_at_least(int(slot_out.max()) + 1), *[periods[r] for r in node.inputs])
     period = pow2_at_least(int(slot_out.max()) + 1)
     best = None
     while period <= space:
         terms = [_diagonals(r, c, v, period, periods[reg], space)
                  for (r, c, v), reg in zip(triples, node.inputs, strict=True)]
-        baby, rotations = _baby_size([ks for ks, _ in terms], period)
-        reductions = int(np.log2(space // period))
-        products = sum(len(ks) for ks, _ in terms)
-        cost = products + ROTATION_COST * (rotations + reductions)
+        cost, baby, steps = _schedule([ks for ks, _ in terms], period, space, steps_used, max_keys)
         if best is None or cost < best[0]:
-            best = (cost, period, baby, terms)
+            best = (cost, period, baby, terms, steps)
         period *= 2
-    _, period, baby, terms = best
+    _, period, baby, terms, steps = best
     attrs = {"period": period, "space": space, "baby": baby, "terms": [], "bias": None}
     periods[node.out] = period
     tiles = slots // space
@@ -116,12 +125,7 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
         arrays[f"{name}.diags"] = rolled
         arrays[f"{name}.ks"] = ks
         attrs["terms"].append({"input": node.inputs[j], "diags": f"{name}.diags", "ks": f"{name}.ks"})
-        steps_used.update(int(a) for a in np.unique(ks % baby) if a)
-    steps_used.update(int(g) for g in np.unique(np.concatenate([(ks // baby) * baby for ks, _ in terms])) if g)
-    step = period
-    while step < space:
-        steps_used[step] += 1
-        step *= 2
+    steps_used.update(int(step) for step in steps)
     if node.bias is not None:
         bias = np.zeros(period)
         bias[slot_out] = node.bias
@@ -134,10 +138,12 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
 def _plan_linear_batch(node: LinearNode, index: int, arrays: dict) -> dict:
     attrs = {"terms": [], "bias": None}
     for j, matrix in enumerate(node.matrices):
-        rows, cols = np.nonzero(matrix)
+        rows, cols, vals = nonzero(matrix)
+        order = np.lexsort((cols, rows))
+        rows, cols, vals = rows[order], cols[order], vals[order]
         indptr = np.searchsorted(rows, np.arange(matrix.shape[0] + 1))
         name = f"s{index}.t{j}"
-        arrays[f"{name}.data"] = matrix[rows, cols]
+        arrays[f"{name}.data"] = vals
         arrays[f"{name}.indices"] = cols.astype(np.int64)
         arrays[f"{name}.indptr"] = indptr.astype(np.int64)
         attrs["terms"].append({"input": node.inputs[j], "data": f"{name}.data", "indices": f"{name}.indices",
@@ -151,16 +157,18 @@ def _plan_linear_batch(node: LinearNode, index: int, arrays: dict) -> dict:
 def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None = None) -> Plan:
     levels = circuit.levels()
     layouts = choose_layouts(circuit, slots) if layout == "single" else {}
+    fallbacks = ["natural slot layouts (product operands disagreed)"] if layouts.pop(FALLBACK, None) is not None else []
     periods = {0: pow2_at_least(int(layouts[0].max()) + 1)} if layout == "single" else {}
     steps: list[Step] = []
     arrays: dict[str, np.ndarray] = {}
     used: Counter = Counter()
     for index, node in enumerate(circuit.nodes):
         if isinstance(node, LinearNode):
-            if not any(np.any(m) for m in node.matrices):
+            if not any(len(nonzero(m)[0]) for m in node.matrices):
                 raise LoweringError(f"{node.label}: the linear map is identically zero (an untrained, zero-initialised "
                                     "layer?), so its output is a constant; train or initialise the model first")
-            attrs = (_plan_linear_single(node, slots, index, arrays, used, layouts, periods) if layout == "single"
+            attrs = (_plan_linear_single(node, slots, index, arrays, used, layouts, periods, max_galois_keys)
+                     if layout == "single"
                      else _plan_linear_batch(node, index, arrays))
             attrs["label"] = node.label
             steps.append(Step("linear", node.out, tuple(node.inputs), node.size, levels[node.out], attrs))
@@ -184,7 +192,13 @@ def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None
     }
     if layout == "single":
         keys = select_galois_steps(used, slots, max_galois_keys)
+        composed = sorted(set(used) - set(keys))
+        if composed:
+            fallbacks.append(f"{len(composed)} rotation steps composed from power-of-two keys (Galois key budget)")
+            log.warning("%d of %d rotation steps have no key of their own within the Galois key budget (%d keys); "
+                        "SEAL composes them (several key switches each)", len(composed), len(used), len(keys))
         stats["galois_keys"] = len(keys)
+        stats["fallbacks"] = fallbacks
         stats["input_period"] = periods[0]
         return Plan(steps, arrays, keys, stats, tuple(int(i) for i in layouts[0]),
                     tuple(int(i) for i in layouts[circuit.output]))
@@ -216,7 +230,7 @@ def select_galois_steps(used: Counter, slots: int, max_keys: int | None) -> list
 def max_samples_per_ciphertext(circuit: Circuit, slots: int) -> int:
     """Largest power of two k such that the widest register of the single layout fits ``slots / k`` slots."""
     layouts = choose_layouts(circuit, slots)
-    widest = max(int(slot_of.max()) + 1 for slot_of in layouts.values())
+    widest = max(int(slot_of.max()) + 1 for reg, slot_of in layouts.items() if reg != FALLBACK)
     if widest > slots:
         raise LoweringError(f"a tensor of {widest} values does not fit {slots} slots; use a larger ring or "
                             "layout='batch'")

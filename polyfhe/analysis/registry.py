@@ -4,12 +4,17 @@ A rule runs only for nodes with at least one encrypted input (nodes on constants
 time and need no rule). It returns the abstract state of every output plus the multiplications it
 costs, or raises :class:`RuleViolation` with a reason when the op is not polynomial in its encrypted
 inputs (e.g. ``Div`` by an encrypted value).
+
+Each rule also declares how the CKKS compiler lowers the op (:class:`Lowering`), so that the analyzer and
+the compiler share one op table (:mod:`polyfhe.analysis.optable`): an op the analyzer accepts is an op the
+compiler lowers, and a test holds both sides to it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -20,6 +25,7 @@ from polyfhe.analysis.constants import ConstantFolder
 from polyfhe.analysis.values import ValueState
 
 __all__ = [
+    "Lowering",
     "NodeContext",
     "Rule",
     "RuleFn",
@@ -32,6 +38,16 @@ __all__ = [
 ]
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+class Lowering(StrEnum):
+    """How the CKKS compiler (``export/ckks``) lowers an op on encrypted values; an op may use several."""
+
+    LINEAR = "linear"  # one encrypted operand: a handler in affine.LINEAR_OPS maps the stacked basis images
+    COMBINE = "combine"  # several encrypted operands or outputs, merged or cut symbolically (lower.py)
+    PRODUCT = "product"  # ct x ct: the operands are materialised as registers and multiplied (lower.py)
+    ALIAS = "alias"  # the same affine expression under a new name (lower.py)
+    PUBLIC = "public"  # the output does not depend on encrypted values; the compiler reads it as a constant
 
 
 class RuleViolation(Exception):
@@ -114,19 +130,27 @@ class Rule:
     op_type: str
     summary: str
     fn: RuleFn
+    lowering: tuple[Lowering, ...] = ()
 
 
 _RULES: dict[str, Rule] = {}
 
 
-def register_rule(*op_types: str, summary: str = "", override: bool = False) -> Callable[[RuleFn], RuleFn]:
-    """Decorator registering ``fn`` as the rule of the given default-domain op types."""
+def register_rule(
+    *op_types: str, lowering: Sequence[Lowering | str], summary: str = "", override: bool = False
+) -> Callable[[RuleFn], RuleFn]:
+    """Decorator registering ``fn`` as the rule of the given default-domain op types.
+
+    ``lowering`` says how the CKKS compiler lowers the op (required: the op table is checked against the
+    compiler); ``()`` declares an op the analyzer accepts but the compiler does not lower.
+    """
+    kinds = tuple(Lowering(kind) for kind in lowering)
 
     def decorate(fn: RuleFn) -> RuleFn:
         for op_type in op_types:
             if op_type in _RULES and not override:
                 raise ValueError(f"a rule for {op_type} is already registered")
-            _RULES[op_type] = Rule(op_type, summary, fn)
+            _RULES[op_type] = Rule(op_type, summary, fn, kinds)
         return fn
 
     return decorate

@@ -5,6 +5,10 @@ degrees and one ct depth, ``Pow(k)`` multiplies the degree by k and adds ceil(lo
 plaintext-linear map (const weights, Mul/Div by a const, ReduceMean, average pools) costs one level
 unless merged with an adjacent one; Add/Sub/Sum/Concat take maxima; data movement, ReduceSum and Neg
 are free. Every op not registered here fails closed when it touches an encrypted value.
+
+Each registration also names how the CKKS compiler lowers the op (:class:`Lowering`); operand patterns
+the compiler cannot lower (a ct x ct Gemm, an encrypted Conv bias, a per-element Pow exponent) are
+refused here, so that every graph the analyzer accepts compiles.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from polyfhe.analysis.registry import NodeContext, RuleResult, RuleViolation, register_rule
+from polyfhe.analysis.registry import Lowering, NodeContext, RuleResult, RuleViolation, register_rule
 from polyfhe.analysis.values import CONST, join, linear, power, power_mults, product
 
-__all__ = ["FLOAT_TYPES", "register_rule"]
+__all__ = ["FLOAT_TYPES", "PAD_MODES", "register_rule"]
 
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16})
+PAD_MODES = ("constant", "edge", "reflect", "wrap")  # all move data linearly; 'constant' adds the fill value
+LINEAR, COMBINE, PRODUCT = Lowering.LINEAR, Lowering.COMBINE, Lowering.PRODUCT
 
 
 def _data_input(ctx: NodeContext) -> RuleResult:
@@ -27,30 +33,35 @@ def _data_input(ctx: NodeContext) -> RuleResult:
 
 
 register_rule(
-    "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Expand", "Identity", "Split",
-    summary="data movement; shape/axes/split operands constant",
+    "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Expand", "Identity", "Tile",
+    summary="data movement; shape/axes/starts/repeats operands constant", lowering=(LINEAR,),
 )(_data_input)
-register_rule("ReduceSum", summary="sum of slots (rotations and additions); axes constant")(_data_input)
+register_rule("Split", summary="data movement into several outputs; split sizes constant",
+              lowering=(COMBINE,))(_data_input)
+register_rule("ReduceSum", summary="sum of slots (rotations and additions); axes constant",
+              lowering=(LINEAR,))(_data_input)
 
 
-@register_rule("Gather", summary="constant indices (a public selection, not a table lookup)")
+@register_rule("Gather", summary="constant indices (a public selection, not a table lookup)", lowering=(LINEAR,))
 def _gather(ctx: NodeContext) -> RuleResult:
     if ctx.is_encrypted(1):
         raise RuleViolation("Gather with encrypted indices is a data-dependent table lookup")
     return _data_input(ctx)
 
 
-@register_rule("Neg", summary="always")
+@register_rule("Neg", summary="always", lowering=(LINEAR,))
 def _neg(ctx: NodeContext) -> RuleResult:
     return _data_input(ctx)
 
 
-@register_rule("Add", "Sub", "Sum", "Concat", summary="always (maximum of the operands)")
+@register_rule("Add", "Sub", "Sum", summary="always (maximum of the operands)", lowering=(LINEAR, COMBINE))
+@register_rule("Concat", summary="always (maximum of the operands)", lowering=(COMBINE,))
 def _join(ctx: NodeContext) -> RuleResult:
     return ctx.same_for_all(join(ctx.inputs))
 
 
-@register_rule("Mul", summary="by a constant (plaintext), or of two encrypted operands (ct x ct)")
+@register_rule("Mul", summary="by a constant (plaintext), or of two encrypted operands (ct x ct)",
+               lowering=(LINEAR, PRODUCT))
 def _mul(ctx: NodeContext) -> RuleResult:
     a, b = ctx.operand(0), ctx.operand(1)
     if a.encrypted and b.encrypted:
@@ -58,7 +69,7 @@ def _mul(ctx: NodeContext) -> RuleResult:
     return ctx.same_for_all(linear(a if a.encrypted else b), pt_mults=1)
 
 
-@register_rule("Div", summary="by a constant divisor")
+@register_rule("Div", summary="by a constant divisor", lowering=(LINEAR,))
 def _div(ctx: NodeContext) -> RuleResult:
     if ctx.is_encrypted(1):
         raise RuleViolation("Div by an encrypted value is not polynomial (only division by a constant is)")
@@ -66,48 +77,53 @@ def _div(ctx: NodeContext) -> RuleResult:
     return ctx.same_for_all(linear(data), pt_mults=1)
 
 
-@register_rule("MatMul", summary="with a constant operand (plaintext), or of two encrypted operands (ct x ct)")
+@register_rule("MatMul", summary="with a constant operand (plaintext), or of two encrypted operands (ct x ct)",
+               lowering=(LINEAR, PRODUCT))
 def _matmul(ctx: NodeContext) -> RuleResult:
     return _mul(ctx)
 
 
-@register_rule("Gemm", summary="with constant A or B (plaintext), or encrypted A and B (ct x ct); any C")
+@register_rule("Gemm", summary="one encrypted operand (A, B or the bias C), the others constant; "
+               "a ct x ct product is written as MatMul", lowering=(LINEAR,))
 def _gemm(ctx: NodeContext) -> RuleResult:
     a, b, c = ctx.operand(0), ctx.operand(1), ctx.input(2)
-    if a.encrypted and b.encrypted:
-        return ctx.same_for_all(join([product(a, b), c]), ct_mults=1)
+    encrypted = [name for name, state in zip("ABC", (a, b, c), strict=True) if state is not None and state.encrypted]
+    if len(encrypted) > 1:
+        raise RuleViolation(f"Gemm with encrypted {' and '.join(encrypted)} is not lowered by the CKKS compiler "
+                            "(only one encrypted operand); write it as MatMul and Add")
     if a.encrypted or b.encrypted:
-        return ctx.same_for_all(linear(a if a.encrypted else b, c), pt_mults=1)
+        return ctx.same_for_all(linear(a if a.encrypted else b), pt_mults=1)
     c = ctx.operand(2)  # only the bias is encrypted
     if float(ctx.attr("beta", 1.0)) == 1.0:
         return ctx.same_for_all(c)
     return ctx.same_for_all(linear(c), pt_mults=1)
 
 
-@register_rule("Conv", "ConvTranspose", summary="constant weights (the bias may be encrypted)")
+@register_rule("Conv", "ConvTranspose", summary="constant weights and bias", lowering=(LINEAR,))
 def _conv(ctx: NodeContext) -> RuleResult:
     if ctx.is_encrypted(1):
         raise RuleViolation(f"{ctx.op} with encrypted weights is not supported (weights must be constant)")
-    data = ctx.operand(0)
-    if not data.encrypted:  # constant input, encrypted bias only
-        return ctx.same_for_all(join([ctx.input(2)]))
-    return ctx.same_for_all(linear(data, ctx.input(2)), pt_mults=1)
+    if ctx.is_encrypted(2):
+        raise RuleViolation(f"{ctx.op} with an encrypted bias is not lowered by the CKKS compiler; "
+                            f"add the encrypted term after the {ctx.op}")
+    return ctx.same_for_all(linear(ctx.operand(0)), pt_mults=1)
 
 
-@register_rule("ReduceMean", summary="sum of slots times a constant 1/n; axes constant")
+@register_rule("ReduceMean", summary="sum of slots times a constant 1/n; axes constant", lowering=(LINEAR,))
 def _reduce_mean(ctx: NodeContext) -> RuleResult:
     ctx.require_const(range(1, len(ctx.inputs)), "axes")
     data = ctx.operand(0)
     return ctx.same_for_all(linear(data), pt_mults=1)
 
 
-@register_rule("AveragePool", "GlobalAveragePool", summary="window sums times a constant 1/n")
+@register_rule("AveragePool", "GlobalAveragePool", summary="window sums times a constant 1/n", lowering=(LINEAR,))
 def _average_pool(ctx: NodeContext) -> RuleResult:
     data = ctx.operand(0)
     return ctx.same_for_all(linear(data), pt_mults=1)
 
 
-@register_rule("Pow", summary="constant non-negative integer exponent")
+@register_rule("Pow", summary="a constant scalar non-negative integer exponent (x ** 0 is the public constant 1)",
+               lowering=(PRODUCT, Lowering.PUBLIC))
 def _pow(ctx: NodeContext) -> RuleResult:
     if ctx.is_encrypted(1):
         raise RuleViolation("Pow with an encrypted exponent is not polynomial")
@@ -115,7 +131,10 @@ def _pow(ctx: NodeContext) -> RuleResult:
     if exponent is None:
         raise RuleViolation("Pow exponent is constant but could not be evaluated at compile time")
     values = np.asarray(exponent, dtype=np.float64).ravel()
-    if values.size == 0 or not np.all(np.isfinite(values)):
+    if values.size != 1:
+        raise RuleViolation(f"Pow exponent {_show(values)} is not a single number (per-element exponents "
+                            "are not lowered by the CKKS compiler)")
+    if not np.all(np.isfinite(values)):
         raise RuleViolation(f"Pow exponent {exponent!r} is not a finite number")
     if np.any(values < 0) or np.any(values != np.round(values)):
         raise RuleViolation(f"Pow exponent {_show(values)} is not a non-negative integer")
@@ -126,26 +145,20 @@ def _pow(ctx: NodeContext) -> RuleResult:
     return ctx.same_for_all(power(base, k), ct_mults=power_mults(k))
 
 
-@register_rule("Pad", summary="mode 'constant' with a zero pad value; pads constant")
+@register_rule("Pad", summary="modes constant (any finite fill: affine, the fill is public), edge, reflect, wrap; "
+               "pads/value/axes constant", lowering=(LINEAR,))
 def _pad(ctx: NodeContext) -> RuleResult:
     mode = ctx.attr("mode", "constant")
-    if mode != "constant":
-        raise RuleViolation(f"Pad mode {mode!r} is not supported on encrypted values (only 'constant' with 0)")
+    if mode not in PAD_MODES:
+        raise RuleViolation(f"Pad mode {mode!r} is not supported on encrypted values (supported: {PAD_MODES})")
     ctx.require_const(range(1, len(ctx.inputs)), "pads/value/axes")
-    if ctx.opset < 11:
-        fill = np.asarray(ctx.attr("value", 0.0))
-    elif len(ctx.node.input) > 2 and ctx.node.input[2]:
-        fill = ctx.const_value(2)
-        if fill is None:
-            raise RuleViolation("Pad constant_value could not be evaluated, so it is not provably zero")
-    else:
-        fill = np.zeros(())
-    if np.any(np.asarray(fill) != 0):
-        raise RuleViolation(f"Pad with non-zero value {_show(np.asarray(fill).ravel())} is not allowed")
+    fill = np.asarray(ctx.attr("value", 0.0)) if ctx.opset < 11 else ctx.const_value(2)
+    if fill is not None and not np.all(np.isfinite(np.asarray(fill, dtype=np.float64))):
+        raise RuleViolation(f"Pad value {_show(np.asarray(fill, dtype=np.float64).ravel())} is not finite")
     return _data_input(ctx)
 
 
-@register_rule("Cast", summary="to a float type (float, double, float16, bfloat16)")
+@register_rule("Cast", summary="to a float type (float, double, float16, bfloat16)", lowering=(Lowering.ALIAS,))
 def _cast(ctx: NodeContext) -> RuleResult:
     to = int(ctx.attr("to", 0))
     if to not in FLOAT_TYPES:
@@ -154,7 +167,7 @@ def _cast(ctx: NodeContext) -> RuleResult:
     return _data_input(ctx)
 
 
-@register_rule("Dropout", summary="inference mode (identity); training_mode constant false")
+@register_rule("Dropout", summary="inference mode (identity); training_mode constant false", lowering=(LINEAR,))
 def _dropout(ctx: NodeContext) -> RuleResult:
     ctx.require_const(range(1, len(ctx.inputs)), "ratio/training_mode")
     if ctx.opset < 7 and int(ctx.attr("is_test", 0)) == 0:

@@ -188,6 +188,27 @@ def test_conv_transpose_and_gemm_with_constant_left_operand() -> None:
     assert (report.degree, report.levels) == (1, 1)
 
 
+@pytest.mark.parametrize("mode, fill", [("constant", 2.5), ("constant", 0.0), ("edge", None), ("reflect", None),
+                                        ("wrap", None)])
+def test_pad_fills_and_modes_are_affine(mode: str, fill: float | None) -> None:
+    """A non-zero fill is a public constant added to a linear map; edge/reflect/wrap only move data."""
+    inputs = ["x", "pads"] + (["v"] if fill is not None else [])
+    inits = {"pads": np.array([0, 1, 0, 2], np.int64), **({"v": np.array(fill)} if fill is not None else {})}
+    nodes = [node("Pad", inputs, "p", mode=mode), node("Mul", ["p", "p"], "y")]
+    report = _analyze(nodes, {"x": (1, 4)}, ["y"], inits)
+    assert (report.degree, report.mult_depth) == (2, 1)
+
+
+def test_pad_fill_attribute_before_opset_11() -> None:
+    report = _analyze([node("Pad", ["x"], "y", pads=[0, 1, 0, 1], value=2.0)], {"x": (1, 4)}, ["y"], opset=10)
+    assert report.degree == 1
+
+
+def test_tile_is_data_movement() -> None:
+    report = _analyze([node("Tile", ["x", "reps"], "y")], {"x": (1, 4)}, ["y"], {"reps": np.array([2, 3], np.int64)})
+    assert (report.degree, report.levels) == (1, 0)
+
+
 def test_initializer_shadowing_an_input_is_constant() -> None:
     model = make_model([node("Mul", ["x", "w"], "y")], {"x": (1, 2), "w": (1, 2)}, ["y"], {"w": _w(1, 2)})
     report = analyze(model)

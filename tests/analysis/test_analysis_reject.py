@@ -75,16 +75,21 @@ def test_custom_domain_op() -> None:
         ([node("Pow", ["two", "x"], "y")], {"two": np.array(2.0)}, "encrypted exponent"),
         ([node("Cast", ["x"], "y", to=TensorProto.INT64)], {}, "INT64"),
         ([node("Gather", ["table", "x"], "y")], {"table": np.ones((4, 2))}, "encrypted indices"),
-        ([node("Pad", ["x", "pads"], "y", mode="reflect")], {"pads": np.array([0, 1, 0, 1], I64)}, "reflect"),
-        ([node("Pad", ["x", "pads", "v"], "y")], {"pads": np.array([0, 1, 0, 1], I64), "v": np.array(1.0)},
-         "non-zero"),
+        ([node("Pad", ["x", "pads"], "y", mode="mirror")], {"pads": np.array([0, 1, 0, 1], I64)}, "mirror"),
+        ([node("Pad", ["x", "pads", "v"], "y")], {"pads": np.array([0, 1, 0, 1], I64), "v": np.array(np.inf)},
+         "not finite"),
         ([node("Conv", ["w", "x"], "y")], {"w": np.ones((1, 1, 4))}, "encrypted weights"),
+        ([node("Conv", ["w", "W", "x"], "y")], {"w": np.ones((1, 4, 1)), "W": np.ones((4, 4, 1))}, "encrypted bias"),
+        ([node("Gemm", ["x", "x"], "y", transB=1)], {}, "encrypted A and B"),
+        ([node("Gemm", ["x", "W", "x"], "y")], {"W": np.ones((4, 4))}, "encrypted A and C"),
+        ([node("Pow", ["x", "k"], "y")], {"k": np.array([2.0, 3.0])}, "not a single number"),
         ([node("Reshape", ["w", "x"], "y")], {"w": np.ones(4)}, "must be a constant"),
         ([node("Dropout", ["x", "r", "t"], "y")], {"r": np.array(0.5), "t": np.array(True)}, "training_mode"),
     ],
     ids=["div_const_by_ct", "div_ct_by_ct", "pow_fraction", "pow_negative", "pow_nan", "pow_ct_ct",
-         "pow_const_base_ct_exp", "cast_int", "gather_ct_indices", "pad_reflect", "pad_nonzero",
-         "conv_ct_weights", "reshape_ct_shape", "dropout_training"],
+         "pow_const_base_ct_exp", "cast_int", "gather_ct_indices", "pad_unknown_mode", "pad_infinite_fill",
+         "conv_ct_weights", "conv_ct_bias", "gemm_ct_ct", "gemm_ct_bias", "pow_per_element",
+         "reshape_ct_shape", "dropout_training"],
 )
 def test_conditional_rules_reject(nodes, inits, needle: str) -> None:
     name, op, reason = _single(_reject(nodes, inits=inits))
@@ -133,6 +138,6 @@ def test_allow_list_matches_the_spec() -> None:
     expected = {
         "Add", "Sub", "Neg", "Mul", "MatMul", "Gemm", "Conv", "ConvTranspose", "Pow", "Div", "Sum", "ReduceSum",
         "ReduceMean", "AveragePool", "GlobalAveragePool", "Pad", "Reshape", "Transpose", "Flatten", "Squeeze",
-        "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Identity", "Expand", "Cast", "Dropout",
+        "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Identity", "Expand", "Cast", "Dropout", "Tile",
     }
     assert set(allowed_ops()) == expected

@@ -1,0 +1,339 @@
+"""CKKS planner benchmark: this tree's plans against a baseline tree's, on the same models and weights, one run.
+
+    python bench/ckks_plans.py                                  # every case, 100 images, baseline = HEAD~ (see --baseline)
+    python bench/ckks_plans.py --cases user_monet --images 20 --baseline-images 2
+    python bench/ckks_plans.py --baseline none                  # this tree only
+
+Cases: ``user_monet`` (a MONet-BN written as plain torch code, ``user_models.py``, trained briefly on
+Fashion-MNIST), ``monet_fhe_bn`` and ``cpolynext_fhe_bn`` (zoo recipes at 28x28, BatchNorm statistics from the
+calibration images) and ``digits_mlp`` (64->32->x^2->10 on scikit-learn's digits). The weights are made once, here,
+and both trees load the same ones. Every measurement runs in fresh processes: compile (time and peak RSS), then a
+client process (keys, encryption, decryption) that runs the server in a process of its own, so the server's peak
+RSS is its own. Latency is server compute per ciphertext (several images share one when the program interleaves
+them); the first query is cold (plaintexts encoded on the fly), the median of the rest warm.
+The baseline is another commit checked out with ``git worktree`` into a temporary folder and imported instead of
+this tree; its images are fewer (it is slow) and it is compared on the images both ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from machine_info import machine_info  # noqa: E402
+
+log = logging.getLogger("bench.ckks_plans")
+DEFAULT_OUT = HERE / "results"
+CASES = ("user_monet", "monet_fhe_bn", "cpolynext_fhe_bn", "digits_mlp")
+# issue targets: case -> (per-image seconds, plaintext diagonals or None, compile seconds or None, RSS GB)
+TARGETS = {"user_monet": (10.0, 4000, None, 4.0), "monet_fhe_bn": (10.0, None, 60.0, 4.0),
+           "cpolynext_fhe_bn": (10.0, None, 60.0, 4.0), "digits_mlp": (0.030, None, None, None)}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# models and data (made once, in the parent, with this tree)
+# ------------------------------------------------------------------------------------------------------------
+def _fashion(n_train: int, n_test: int):
+    from polyfhe.data.sources import load_dataset
+
+    data = load_dataset("fashion-mnist")
+    return data.x_train[:n_train], data.y_train[:n_train], data.x_test[:n_test]
+
+
+def make_case(name: str, folder: Path, images: int) -> None:
+    """Write ``model.pt`` (a pickled module: both trees load it without our model code), the calibration
+    and test images of ``name`` to ``folder``."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    if name == "user_monet":
+        from user_models import UserMONetBN, train_briefly
+
+        x, y, test = _fashion(6000, images)
+        model = train_briefly(UserMONetBN(), torch.from_numpy(x), torch.from_numpy(y).long(), epochs=1)
+        calib = x[:256]
+    elif name == "digits_mlp":
+        from ckks_naive import Square
+
+        from polyfhe.data.sources import load_digits
+
+        data = load_digits()
+        model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), Square(), nn.Linear(32, 10))
+        optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+        xt, yt = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+        for _ in range(80):
+            optim.zero_grad()
+            nn.functional.cross_entropy(model(xt), yt).backward()
+            optim.step()
+        calib, test = data.x_train[:256], np.resize(data.x_test, (images, 1, 8, 8))
+    else:
+        from polyfhe.commands.export import _fill_batchnorm_statistics
+        from polyfhe.models.registry import create_model
+
+        x, _, test = _fashion(256, images)
+        model = create_model(name, num_classes=10, img_size=28, in_chans=1)
+        for m in model.modules():  # an untrained zoo head is zero: random weights make the timing real
+            if isinstance(m, nn.Linear) and not torch.any(m.weight):
+                nn.init.normal_(m.weight, std=0.02)
+        _fill_batchnorm_statistics(model, x)
+        calib = x
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(model.eval(), folder / "model.pt")
+    np.savez(folder / "data.npz", calibration=np.asarray(calib, np.float32), test=np.asarray(test, np.float32))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# stages (each in a fresh process)
+# ------------------------------------------------------------------------------------------------------------
+def _rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def stage_compile(folder: Path, out: Path) -> dict:
+    import torch
+
+    import polyfhe
+
+    model = torch.load(folder / "model.pt", weights_only=False)
+    data = np.load(folder / "data.npz")
+    start = time.perf_counter()
+    prog = polyfhe.export(model, target="ckks", calibration=data["calibration"],
+                          input_shape=tuple(data["calibration"].shape[1:]))
+    seconds = time.perf_counter() - start
+    prog.save(out)
+    info = prog.manifest.info
+    return {"compile_s": seconds, "compile_rss_gb": _rss_gb(), "ring": prog.params.poly_modulus_degree,
+            "levels": prog.params.levels, "depth": prog.manifest.depth, "analyzer_levels": info["analyzer"]["levels"],
+            "plaintext_diagonals": info.get("plaintext_diagonals"), "linear_maps": info.get("linear_maps"),
+            "galois_keys": len(prog.manifest.galois_steps), "rotation_steps": info.get("rotation_steps"),
+            "samples_per_ciphertext": prog.manifest.samples_per_ciphertext,
+            "planned": {k: info[k] for k in ("key_switches", "plain_products", "encodes") if k in info}}
+
+
+def stage_server(program: Path, work: Path) -> dict:
+    """Load the program and the public context, evaluate every ciphertext in ``work``; times and RSS."""
+    import polyfhe
+
+    prog = polyfhe.load_program(program)
+    server = prog.server((work / "context.bin").read_bytes())
+    times, counts = [], []
+    for path in sorted(work.glob("query-*.bin")):
+        start = time.perf_counter()
+        result = server.run(path.read_bytes())
+        times.append(time.perf_counter() - start)
+        path.with_suffix(".out").write_bytes(result)
+        stats = getattr(server, "last_stats", None)
+        counts.append(getattr(stats, "counts", None) or getattr(stats, "__dict__", {}) if stats else {})
+    return {"server_s": times, "server_rss_gb": _rss_gb(), "counts": _jsonable(counts[-1] if counts else {})}
+
+
+def _jsonable(value):
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return str(value)
+
+
+def stage_client(folder: Path, program: Path, tree_env: dict, images: int) -> dict:
+    import torch
+
+    import polyfhe
+
+    prog = polyfhe.load_program(program)
+    data = np.load(folder / "data.npz")
+    test = data["test"][:images]
+    model = torch.load(folder / "model.pt", weights_only=False).double()
+    with torch.no_grad():
+        reference = model(torch.from_numpy(test.astype(np.float64))).numpy()
+    client = prog.client()
+    start = time.perf_counter()
+    context = client.public_context()
+    keygen = time.perf_counter() - start
+    lanes = prog.manifest.samples_per_ciphertext
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "context.bin").write_bytes(context)
+        chunks = [test[i:i + lanes] for i in range(0, len(test), lanes)]
+        for i, chunk in enumerate(chunks):
+            (work / f"query-{i:05d}.bin").write_bytes(client.encrypt(chunk))
+        server = _run_stage(["server", str(program), str(work)], tree_env)
+        outputs = [client.decrypt((work / f"query-{i:05d}.out").read_bytes())[:len(c)] for i, c in enumerate(chunks)]
+    logits = np.concatenate(outputs)
+    warm = server["server_s"][1:] or server["server_s"]
+    return {"keygen_s": keygen, "context_mb": len(context) / 1e6, "images": len(test), "lanes": lanes,
+            "cold_s": server["server_s"][0], "warm_s": statistics.median(warm),
+            "per_image_s": statistics.median(warm) / lanes, "server_rss_gb": server["server_rss_gb"],
+            "max_logit_error": float(np.max(np.abs(logits - reference))),
+            "argmax_agreement": float(np.mean(logits.argmax(1) == reference.argmax(1))), "counts": server["counts"]}
+
+
+def _run_stage(args: list[str], env: dict) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", *args, "--stage-out", out.name]
+        subprocess.run(cmd, env=env, check=True)
+        return json.loads(Path(out.name).read_text())
+
+
+# ------------------------------------------------------------------------------------------------------------
+# baseline tree
+# ------------------------------------------------------------------------------------------------------------
+def baseline_tree(ref: str, root: Path) -> Path:
+    """A worktree of ``ref`` importable as ``polyfhe`` (its package-dir mapping rebuilt with symlinks)."""
+    repo = HERE.parent
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "-f", str(root), ref], check=True,
+                   capture_output=True)
+    for sub in ("models", "calibration", "export"):
+        link = root / "polyfhe" / sub
+        if not link.exists():
+            link.symlink_to(Path("..") / sub)
+    return root
+
+
+def tree_env(tree: Path | None) -> dict:
+    env = dict(os.environ)
+    if tree is not None:  # a path entry wins over the editable install's finder
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def measure(case: str, folder: Path, tree: Path | None, images: int) -> dict:
+    env = tree_env(tree)
+    program = folder / ("program-base" if tree else "program")
+    result = {"case": case, "tree": "baseline" if tree else "this"}
+    try:
+        result.update(_run_stage(["compile", str(folder), str(program)], env))
+        result.update(_run_stage(["client", str(folder), str(program), str(images)], env))
+    except subprocess.CalledProcessError as exc:
+        result["error"] = f"stage failed with exit {exc.returncode}"
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------------
+# report
+# ------------------------------------------------------------------------------------------------------------
+ROWS = [("plaintext_diagonals", "plaintext diagonals", "{:,}"), ("linear_maps", "linear maps", "{}"),
+        ("galois_keys", "Galois keys", "{}"), ("ring", "ring N", "{}"), ("depth", "levels used", "{}"),
+        ("analyzer_levels", "analyzer levels (lower bound)", "{}"), ("compile_s", "compile (s)", "{:.1f}"),
+        ("compile_rss_gb", "compile peak RSS (GB)", "{:.2f}"), ("keygen_s", "key generation (s)", "{:.1f}"),
+        ("context_mb", "public context (MB)", "{:.0f}"), ("lanes", "images per ciphertext", "{}"),
+        ("cold_s", "cold latency per ciphertext (s)", "{:.2f}"), ("warm_s", "warm latency per ciphertext (s)", "{:.2f}"),
+        ("per_image_s", "warm time per image (s)", "{:.3f}"), ("server_rss_gb", "server peak RSS (GB)", "{:.2f}"),
+        ("images", "images run", "{}"), ("argmax_agreement", "argmax agreement", "{:.0%}"),
+        ("max_logit_error", "max logit error", "{:.1e}")]
+
+
+def render(info: dict, results: list[dict]) -> str:
+    lines = [f"machine: {info['cpu']}, {info['usable_cores']} cores, load {info['load_avg_1m']:.2f}, "
+             f"Python {info['python']}; baseline: {info.get('baseline')}; cold = first query, warm = median of the rest"]
+    for case in dict.fromkeys(r["case"] for r in results):
+        pair = {r["tree"]: r for r in results if r["case"] == case}
+        lines += ["", f"## {case}", "", "| | this tree | baseline |", "|---|---:|---:|"]
+        for key, label, fmt in ROWS:
+            cells = [fmt.format(pair[t][key]) if t in pair and pair[t].get(key) is not None else "-"
+                     for t in ("this", "baseline")]
+            lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+        for t, r in pair.items():
+            if "error" in r:
+                lines.append(f"| error ({t}) | {r['error']} | |")
+        target = TARGETS.get(case)
+        mine = pair.get("this", {})
+        if target and "per_image_s" in mine:
+            checks = [("time per image", mine["per_image_s"], target[0]),
+                      ("plaintext diagonals", mine.get("plaintext_diagonals"), target[1]),
+                      ("compile s", mine.get("compile_s"), target[2]),
+                      ("server RSS GB", mine.get("server_rss_gb"), target[3])]
+            lines.append("")
+            lines += [f"- target {name} <= {bound}: {value:.3g} {'met' if value <= bound else 'MISSED'}"
+                      for name, value, bound in checks if bound is not None and value is not None]
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(r["case"] for r in results))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((axes[0], "per_image_s", "warm seconds per image"),
+                           (axes[1], "plaintext_diagonals", "plaintext diagonals")):
+        for offset, tree in ((-0.2, "baseline"), (0.2, "this")):
+            values = [next((r.get(key) or 0 for r in results if r["case"] == c and r["tree"] == tree), 0)
+                      for c in cases]
+            ax.bar(np.arange(len(cases)) + offset, values, width=0.4, label=tree)
+        ax.set_xticks(range(len(cases)), cases, rotation=20)
+        ax.set_yscale("log")
+        ax.set_title(label)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--images", type=int, default=100, help="test images run encrypted per case (this tree)")
+    parser.add_argument("--baseline", default="HEAD~", help="git ref of the baseline tree, or 'none'")
+    parser.add_argument("--baseline-images", type=int, default=2, help="images for the baseline (slow)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--stage", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--stage-out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.stage:
+        kind, *rest = args.stage
+        fn = {"compile": lambda: stage_compile(Path(rest[0]), Path(rest[1])),
+              "server": lambda: stage_server(Path(rest[0]), Path(rest[1])),
+              "client": lambda: stage_client(Path(rest[0]), Path(rest[1]), tree_env_of_self(), int(rest[2]))}[kind]
+        Path(args.stage_out).write_text(json.dumps(fn()))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    info = machine_info()
+    info["baseline"] = args.baseline
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = None if args.baseline == "none" else baseline_tree(args.baseline, Path(tmp) / "baseline")
+        try:
+            for case in args.cases:
+                folder = Path(tmp) / case
+                make_case(case, folder, args.images)
+                log.warning("%s: measuring this tree on %d images", case, args.images)
+                results.append(measure(case, folder, None, args.images))
+                if base is not None:
+                    log.warning("%s: measuring the baseline on %d images", case, args.baseline_images)
+                    results.append(measure(case, folder, base, min(args.baseline_images, args.images)))
+                (args.out / "ckks_plans.json").write_text(json.dumps({"machine": info, "results": results}, indent=1))
+        finally:
+            if base is not None:
+                subprocess.run(["git", "-C", str(HERE.parent), "worktree", "remove", "--force", str(base)],
+                               capture_output=True)
+    table = render(info, results)
+    print(table)
+    (args.out / "ckks_plans.md").write_text(table + "\n")
+    plot(results, args.out / "ckks_plans.png")
+    return 0
+
+
+def tree_env_of_self() -> dict:
+    """The environment this process runs in (its PYTHONPATH picks the tree) for the server stage."""
+    return dict(os.environ)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""What one evaluation of a program costs, counted from its plan: the manifest's honest counters.
+
+Rotations are counted as the executor runs them (baby-step rotations of a register are shared by every map
+of the same level that reads it); key switches count a rotation whose step has its own Galois key once,
+one that SEAL composes from power-of-two keys by the non-zero digits of the step's NAF, and one per
+relinearisation. Plaintext products are the diagonals (single) or the non-zero weights (batch); every one is
+an encoded plaintext, and ``plaintext_bytes`` is what a server holds to keep them all encoded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from polyfhe.fhe.params import CKKSParams
+from polyfhe.fhe.program import Step
+
+__all__ = ["naf_weight", "plan_counters"]
+
+
+def naf_weight(step: int) -> int:
+    """Non-zero digits of the non-adjacent form of ``step``: the key switches of a composed rotation."""
+    n, weight = abs(int(step)), 0
+    while n:
+        if n & 1:
+            weight += 1
+            n -= 2 - (n & 3) if n & 3 == 3 else 1  # ...11 -> subtract -1 (carry), ...01 -> subtract 1
+            if n < 0:
+                n = -n
+        n >>= 1
+    return weight
+
+
+def _data_primes(params: CKKSParams, level: int) -> int:
+    """Primes of a ciphertext (and its plaintexts) after ``level`` rescales (the special prime excluded)."""
+    return len(params.coeff_mod_bits) - 1 - level
+
+
+def plan_counters(steps: list[Step], arrays: dict[str, np.ndarray], galois_steps: list[int], params: CKKSParams,
+                  layout: str, slots: int) -> dict:
+    """Counts per evaluation (one query); ``galois_steps`` and ``slots`` in the plan's (virtual) slots."""
+    keys = {s % slots for s in galois_steps}
+    rotations = key_switches = products = encodes = 0
+    plaintext_bytes = 0
+    cached: set[tuple[int, int, int]] = set()
+    for step in steps:
+        if step.op != "linear":
+            key_switches += step.size if layout == "batch" else 1  # relinearisations
+            continue
+        terms = step.attrs["terms"]
+        primes = _data_primes(params, step.level - 1)
+        plain_bytes = params.poly_modulus_degree * primes * 8
+        if layout == "batch":
+            count = sum(len(arrays[t["data"]]) for t in terms)
+            products += count
+            encodes += count
+            continue
+        baby, period = int(step.attrs["baby"]), int(step.attrs["period"])
+        used: list[int] = []
+        for term in terms:
+            ks = arrays[term["ks"]]
+            for a in np.unique(ks % baby):
+                key = (term["input"], int(a), step.level - 1)
+                if a and key not in cached:
+                    cached.add(key)
+                    used.append(int(a))
+        ks_all = np.concatenate([arrays[t["ks"]] for t in terms])
+        used += [int(g) for g in np.unique((ks_all // baby) * baby) if g]
+        used += [period << i for i in range(int(np.log2(int(step.attrs.get("space", slots)) // period)))]
+        rotations += len(used)
+        key_switches += sum(1 if s % slots in keys else naf_weight(min(s % slots, slots - s % slots)) for s in used)
+        count = sum(len(arrays[t["ks"]]) for t in terms)
+        products += count
+        encodes += count + (1 if step.attrs.get("bias") else 0)
+        plaintext_bytes += (count + (1 if step.attrs.get("bias") else 0)) * plain_bytes
+    return {"rotations": rotations, "key_switches": key_switches, "plain_products": products,
+            "encodes_cold": encodes, "plaintext_bytes": plaintext_bytes}
