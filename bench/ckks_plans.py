@@ -33,7 +33,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from machine_info import machine_info  # noqa: E402
+from machine_info import machine_info
 
 log = logging.getLogger("bench.ckks_plans")
 DEFAULT_OUT = HERE / "results"
@@ -80,17 +80,15 @@ def make_case(name: str, folder: Path, images: int) -> None:
             nn.functional.cross_entropy(model(xt), yt).backward()
             optim.step()
         calib, test = data.x_train[:256], np.resize(data.x_test, (images, 1, 8, 8))
-    else:
-        from polyfhe.commands.export import _fill_batchnorm_statistics
+    else:  # a zoo recipe, trained one short epoch: untrained ones have far wider value ranges than trained ones
+        from user_models import train_briefly
+
         from polyfhe.models.registry import create_model
 
-        x, _, test = _fashion(256, images)
+        x, y, test = _fashion(6000, images)
         model = create_model(name, num_classes=10, img_size=28, in_chans=1)
-        for m in model.modules():  # an untrained zoo head is zero: random weights make the timing real
-            if isinstance(m, nn.Linear) and not torch.any(m.weight):
-                nn.init.normal_(m.weight, std=0.02)
-        _fill_batchnorm_statistics(model, x)
-        calib = x
+        model = train_briefly(model, torch.from_numpy(x), torch.from_numpy(y).long(), epochs=1)
+        calib = x[:256]
     folder.mkdir(parents=True, exist_ok=True)
     torch.save(model.eval(), folder / "model.pt")
     np.savez(folder / "data.npz", calibration=np.asarray(calib, np.float32), test=np.asarray(test, np.float32))
@@ -238,8 +236,9 @@ ROWS = [("plaintext_diagonals", "plaintext diagonals", "{:,}"), ("linear_maps", 
 
 
 def render(info: dict, results: list[dict]) -> str:
-    lines = [f"machine: {info['cpu']}, {info['usable_cores']} cores, load {info['load_avg_1m']:.2f}, "
-             f"Python {info['python']}; baseline: {info.get('baseline')}; cold = first query, warm = median of the rest"]
+    lines = [(f"machine: {info['cpu']}, {info['usable_cores']} cores, load {info['load_avg_1m']:.2f}, "
+              f"Python {info['python']}; baseline: {info.get('baseline')}; "
+              "cold = first query, warm = median of the rest")]
     for case in dict.fromkeys(r["case"] for r in results):
         pair = {r["tree"]: r for r in results if r["case"] == case}
         lines += ["", f"## {case}", "", "| | this tree | baseline |", "|---|---:|---:|"]
@@ -322,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if base is not None:
                 subprocess.run(["git", "-C", str(HERE.parent), "worktree", "remove", "--force", str(base)],
-                               capture_output=True)
+                               check=False, capture_output=True)
     table = render(info, results)
     print(table)
     (args.out / "ckks_plans.md").write_text(table + "\n")

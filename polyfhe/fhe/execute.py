@@ -151,6 +151,7 @@ def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunC
             for row in rows:
                 rot = run.cache[(term["input"], int(ks[row] % baby), target)]
                 inner = ops.add(inner, ops.mul_vector(rot, diags[row], (step.out, ti, int(row))))
+        inner = ops.rescale(inner)  # a rescaled partial sum rotates over one prime fewer (cheaper key switch)
         return inner if g == 0 else ops.rotate(inner, g * baby)
 
     acc = None
@@ -162,7 +163,7 @@ def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunC
         shift *= 2
     if attrs.get("bias"):
         acc = ops.add_vector(acc, arrays[attrs["bias"]], (step.out, "bias"))
-    return ops.rescale(acc)
+    return acc
 
 
 def _single_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
