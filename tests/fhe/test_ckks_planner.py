@@ -6,14 +6,12 @@ rotations, reductions) on plaintext slot vectors, so a wrong diagonal or rotatio
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
+from graph_gen import shift_conv, user_models
 
 import polyfhe
 from polyfhe.export.ckks.circuit import Circuit, LinearNode, MulNode
@@ -23,15 +21,6 @@ from polyfhe.export.ckks.plan import plan_single
 from polyfhe.fhe.execute import NumpyOps, execute, pack_single, unpack_single
 from polyfhe.fhe.params import CKKSParams
 from polyfhe.fhe.program import CKKSProgram, ProgramManifest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _user_models():
-    spec = importlib.util.spec_from_file_location("user_models", ROOT / "bench" / "user_models.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _images(n: int, seed: int = 0) -> np.ndarray:
@@ -49,7 +38,7 @@ def _images(n: int, seed: int = 0) -> np.ndarray:
 def user_monet():
     """The issue's user-written MONet-BN with BatchNorm statistics from real images (weights untrained)."""
     torch.manual_seed(0)
-    model = _user_models().UserMONetBN()
+    model = user_models().UserMONetBN()
     x = torch.tensor(_images(512), dtype=torch.float32)
     model.train()
     with torch.no_grad():  # running statistics as after training: the folded maps and ranges are realistic
@@ -88,10 +77,7 @@ def _channel_map(c_in: int, c_out: int, hw: int, shifts: bool, rng) -> sp.csr_ma
     mix = conv_matrix(w, (1, c_in, hw, hw), (1, c_out, hw, hw), [1, 1], [1, 1], [0, 0], 1)
     if not shifts:
         return mix.T.tocsr()
-    kernel = np.zeros((c_out, 1, 3, 3))
-    taps = [(1, 0), (1, 2), (0, 1), (2, 1)]
-    for c in range(c_out):
-        kernel[(c, 0, *taps[min(4 * c // c_out, 3)])] = 1.0
+    kernel = shift_conv(c_out).weight.detach().numpy()
     shift = conv_matrix(kernel, (1, c_out, hw, hw), (1, c_out, hw, hw), [1, 1], [1, 1], [1, 1], c_out)
     return (mix @ shift).T.tocsr()
 
