@@ -134,17 +134,8 @@ def stage_server(program: Path, work: Path) -> dict:
         result = server.run(path.read_bytes())
         times.append(time.perf_counter() - start)
         path.with_suffix(".out").write_bytes(result)
-        stats = getattr(server, "last_stats", None)
-        counts.append(getattr(stats, "counts", None) or getattr(stats, "__dict__", {}) if stats else {})
-    return {"server_s": times, "server_rss_gb": _rss_gb(), "counts": _jsonable(counts[-1] if counts else {})}
-
-
-def _jsonable(value):
-    try:
-        json.dumps(value)
-        return value
-    except TypeError:
-        return str(value)
+        counts.append(dict(server.last_run.counts))
+    return {"server_s": times, "server_rss_gb": _rss_gb(), "counts": counts[-1] if counts else {}}
 
 
 def stage_client(folder: Path, program: Path, tree_env: dict, images: int) -> dict:

@@ -13,21 +13,14 @@ import numpy as np
 
 from polyfhe.fhe.params import CKKSParams
 from polyfhe.fhe.program import Step
+from polyfhe.fhe.seal_backend import naf_terms
 
 __all__ = ["naf_weight", "plan_counters"]
 
 
 def naf_weight(step: int) -> int:
     """Non-zero digits of the non-adjacent form of ``step``: the key switches of a composed rotation."""
-    n, weight = abs(int(step)), 0
-    while n:
-        if n & 1:
-            weight += 1
-            n -= 2 - (n & 3) if n & 3 == 3 else 1  # ...11 -> subtract -1 (carry), ...01 -> subtract 1
-            if n < 0:
-                n = -n
-        n >>= 1
-    return weight
+    return len(naf_terms(step))
 
 
 def _data_primes(params: CKKSParams, level: int) -> int:
@@ -71,6 +64,9 @@ def plan_counters(steps: list[Step], arrays: dict[str, np.ndarray], galois_steps
         count = sum(len(arrays[t["ks"]]) for t in terms)
         products += count
         encodes += count + (1 if step.attrs.get("bias") else 0)
-        plaintext_bytes += (count + (1 if step.attrs.get("bias") else 0)) * plain_bytes
+        plaintext_bytes += count * plain_bytes
+        if step.attrs.get("bias"):  # added after the rescale when giant sums are rescaled first
+            late = step.attrs.get("rescale_giants", False)
+            plaintext_bytes += params.poly_modulus_degree * _data_primes(params, step.level - (0 if late else 1)) * 8
     return {"rotations": rotations, "key_switches": key_switches, "plain_products": products,
             "encodes_cold": encodes, "plaintext_bytes": plaintext_bytes}

@@ -238,14 +238,22 @@ def max_samples_per_ciphertext(circuit: Circuit, slots: int) -> int:
 
 
 def plan_single(circuit: Circuit, slots: int, max_galois_keys: int | None = None,
-                samples_per_ciphertext: int | None = None) -> Plan:
-    """Plan for ``samples_per_ciphertext`` interleaved samples (None: as many as fit, 1: one sample)."""
+                samples_per_ciphertext: int | None = None, rescale_giants: bool = False) -> Plan:
+    """Plan for ``samples_per_ciphertext`` interleaved samples (None: as many as fit, 1: one sample).
+
+    ``rescale_giants``: rescale each giant-step partial sum before rotating it (a key switch over one prime
+    fewer), at the price of key-switching noise at the working scale instead of its square: worth it only at
+    scales with precision to spare.
+    """
     most = max_samples_per_ciphertext(circuit, slots)
     lanes = most if samples_per_ciphertext is None else int(samples_per_ciphertext)
     if lanes < 1 or lanes & (lanes - 1) or lanes > most:
         raise LoweringError(f"samples_per_ciphertext={samples_per_ciphertext}: accepted are powers of two up to "
                             f"{most} (the widest tensor needs {slots // most} of the {slots} slots)")
     plan = _plan(circuit, "single", slots // lanes, max_galois_keys)
+    for step in plan.steps:
+        if step.op == "linear":
+            step.attrs["rescale_giants"] = bool(rescale_giants)
     plan.galois_steps = sorted(step * lanes for step in plan.galois_steps)
     plan.stats["samples_per_ciphertext"] = lanes
     plan.stats["virtual_slots"] = slots // lanes

@@ -21,11 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES
 from polyfhe.fhe.roundtrip import timed_round_trip
 
-__all__ = ["EXIT_BAD_INPUT", "READERS", "RunInputError", "add_parser", "read_input", "run"]
+__all__ = ["EXIT_BAD_INPUT", "READERS", "RunInputError", "add_parser", "non_negative_float", "read_input", "run"]
 
 EXIT_BAD_INPUT = 2
+MIB = 1 << 20
 SHOWN_SAMPLES = 16
 
 
@@ -40,7 +42,20 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("program", metavar="DIR", type=Path, help="program folder written by `polyfhe export`")
     p.add_argument("--input", required=True, type=Path, metavar="FILE", help="input: .npy, .npz or .png/.jpg")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.add_argument("--plaintext-cache-mb", type=non_negative_float, default=DEFAULT_PLAINTEXT_BYTES / MIB,
+                   metavar="MB", help="memory for encoded plaintext diagonals; past it the cheapest are encoded "
+                                      f"again on every run (default {DEFAULT_PLAINTEXT_BYTES / MIB:g} MiB, 0: none)")
     p.set_defaults(func=run)
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
+    return value
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -136,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        result = encrypted_run(program, x)
+        result = encrypted_run(program, x, plaintext_cache_bytes=int(args.plaintext_cache_mb * MIB))
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -148,11 +163,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def encrypted_run(program: Any, x: np.ndarray) -> dict:
-    """Keys, encrypt, evaluate, decrypt; timings in seconds, sizes in bytes, error against ``run_plain``."""
+def encrypted_run(program: Any, x: np.ndarray, plaintext_cache_bytes: int | None = None) -> dict:
+    """Keys, encrypt, evaluate, decrypt; timings in seconds, sizes in bytes, error against ``run_plain``.
+
+    ``plaintext_cache_bytes``: budget of the program's plaintext store (``None``: the default, 3 GiB)."""
     client = program.client()
     context = client.public_context()
-    server = program.server(context)
+    server = program.server(context, max_cache_bytes=plaintext_cache_bytes)
     trip = timed_round_trip(client, server, x)
     logits = trip.logits
     plain = program.run_plain(x)
@@ -165,7 +182,7 @@ def encrypted_run(program: Any, x: np.ndarray) -> dict:
                     "server_total": trip.server_s, "decrypt": trip.decrypt_s},
         "sizes": {"public_context": len(context), "input_ciphertext": trip.input_bytes,
                   "output_ciphertext": trip.output_bytes},
-        "counts": server.last_run.counts,
+        "counts": server.last_run.counts, "plaintext_cache": server.last_run.plaintext,
     }
 
 
@@ -193,5 +210,30 @@ def _render(r: dict) -> None:
         table.add_row(f"{key.replace('_', ' ')} time", f"{value * 1000:.1f} ms")
     for key, value in r["sizes"].items():
         table.add_row(key.replace("_", " "), f"{value / 1e6:.3f} MB")
-    table.add_row("operations", ", ".join(f"{k} {v}" for k, v in r["counts"].items()))
     console.print(table)
+    console.print(_counts_table(r["counts"], r.get("plaintext_cache", {})))
+
+
+COUNT_ROWS = (  # (key in counts, label)
+    ("rotations", "rotations"), ("key_switches", "key switches (rotations, relinearisations)"),
+    ("plain_products", "plaintext products"), ("products", "ct x ct products"), ("rescales", "rescales"),
+    ("encodes", "plaintexts encoded"), ("plaintext_hits", "plaintexts reused from the cache"),
+    ("evictions", "plaintexts evicted"),
+)
+
+
+def _counts_table(counts: dict, cache: dict) -> Any:
+    from rich.table import Table
+
+    table = Table(title="operations (this evaluation)", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    for key, label in COUNT_ROWS:
+        if key in counts:
+            table.add_row(label, str(counts[key]))
+    if "plaintext_bytes" in counts:
+        budget = cache.get("max_bytes")
+        limit = f" of {budget / MIB:.0f} MiB" if budget is not None else ""
+        peak = f", peak {cache['peak_bytes'] / MIB:.1f} MiB" if "peak_bytes" in cache else ""
+        table.add_row("plaintext cache held", f"{counts['plaintext_bytes'] / MIB:.1f} MiB{limit}{peak}")
+    return table

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from polyfhe.commands.arguments import non_negative_int, positive_int
+from polyfhe.commands.run import non_negative_float
+from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES
 
 __all__ = ["EXIT_BAD_INPUT", "add_parser", "config_from_args", "run"]
 
@@ -64,6 +66,10 @@ def add_parser(subparsers: Any) -> None:
                    help=f"evaluations running at once (default: CPU count, {d.max_concurrency})")
     p.add_argument("--max-queue", type=non_negative_int, default=d.max_queue, metavar="N",
                    help=f"requests waiting for a worker (default {d.max_queue}; past it: 503 with Retry-After)")
+    p.add_argument("--plaintext-cache-mb", type=non_negative_float, default=DEFAULT_PLAINTEXT_BYTES / MIB,
+                   metavar="MB", help="encoded plaintext diagonals kept per model, shared by its sessions; past it "
+                                      "the cheapest are encoded again on every request "
+                                      f"(default {DEFAULT_PLAINTEXT_BYTES / MIB:g} MiB, 0: none)")
     p.add_argument("--access-log", action="store_true", help="also print uvicorn's access log (it shows session ids)")
     p.add_argument("--test-eval-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: a slow model
     p.set_defaults(func=run)
@@ -91,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     try:
         config = config_from_args(args)
-        registry = Registry(config.programs_dir)
+        registry = Registry(config.programs_dir, plaintext_cache_bytes=int(args.plaintext_cache_mb * MIB))
     except (ValueError, RegistryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

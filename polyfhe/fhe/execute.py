@@ -125,6 +125,7 @@ class RunContext:
 def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
     attrs = step.attrs
     period, baby = int(attrs["period"]), int(attrs["baby"])
+    rescale_first = bool(attrs.get("rescale_giants", False))
     target = step.level - 1
     groups: dict[int, list] = {}  # giant step g -> [(term index, rows)]: one rotation per g for all terms
     needed = {}
@@ -151,7 +152,8 @@ def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunC
             for row in rows:
                 rot = run.cache[(term["input"], int(ks[row] % baby), target)]
                 inner = ops.add(inner, ops.mul_vector(rot, diags[row], (step.out, ti, int(row))))
-        inner = ops.rescale(inner)  # a rescaled partial sum rotates over one prime fewer (cheaper key switch)
+        if rescale_first:  # a rescaled partial sum rotates over one prime fewer (a cheaper key switch)
+            inner = ops.rescale(inner)
         return inner if g == 0 else ops.rotate(inner, g * baby)
 
     acc = None
@@ -163,7 +165,7 @@ def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunC
         shift *= 2
     if attrs.get("bias"):
         acc = ops.add_vector(acc, arrays[attrs["bias"]], (step.out, "bias"))
-    return acc
+    return acc if rescale_first else ops.rescale(acc)
 
 
 def _single_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:

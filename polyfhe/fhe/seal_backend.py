@@ -3,24 +3,41 @@
 Scales are managed exactly: a plaintext product is encoded at ``q_last * scale / ct.scale`` so that after
 the rescale by ``q_last`` the ciphertext is back at exactly ``2^scale_bits``; ct x ct products drift by
 ``scale / q`` (about 1e-7), which the next linear map absorbs. Plaintexts are cached per program because
-they depend only on the parameters, never on keys, so sessions of one program share them.
+they depend only on the parameters, never on keys, so sessions of one program share them
+(:mod:`polyfhe.fhe.plaintexts`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from polyfhe.fhe.params import CKKSParams
+from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES, PlaintextStore, shared_store
 
-__all__ = ["DEFAULT_CACHE_BYTES", "SealContext", "SealOps", "SerializationError", "require_tenseal"]
+__all__ = ["COUNTERS", "DEFAULT_CACHE_BYTES", "SealContext", "SealOps", "SerializationError", "naf_terms",
+           "require_tenseal", "rotation_key_switches"]
 
-DEFAULT_CACHE_BYTES = 2 << 30  # encoded plaintext diagonals kept per program (about 1.3 MB each at N=16384)
+DEFAULT_CACHE_BYTES = DEFAULT_PLAINTEXT_BYTES  # the plaintext store's default budget per program
+
+# What SealOps counts. The first four are the historical names (kept for callers).
+COUNTERS = (
+    "rotations",  # rotate_vector calls
+    "plain_products",  # ciphertext x plaintext products (diagonals and scalars)
+    "products",  # ciphertext x ciphertext products
+    "rescales",
+    "key_switches",  # 1 per rotation with its own Galois key, its NAF weight when SEAL composes it; 1 per relin
+    "encodes",  # plaintexts encoded by this backend: store misses plus scalars
+    "scalar_encodes",  # the scalars among them (batch layout weights and biases: never stored)
+    "plaintext_hits",  # plaintext diagonals and biases the store already held (or another thread encoded)
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,25 +131,61 @@ class SealContext:
         return obj
 
 
-class SealOps:
-    """:class:`~polyfhe.fhe.execute.SlotOps` on SEAL ciphertexts; ``level`` counts rescales consumed."""
+def naf_terms(value: int) -> list[int]:
+    """Signed powers of two of the non-adjacent form of ``value``, as SEAL's ``util::naf`` lists them."""
+    sign, value, out, i = value < 0, abs(int(value)), [], 0
+    while value:
+        digit = 2 - (value & 3) if value & 1 else 0
+        value = (value - digit) >> 1
+        if digit:
+            out.append((-digit if sign else digit) << i)
+        i += 1
+    return out
 
-    def __init__(self, seal: SealContext, relin_keys, galois_keys=None, plaintext_cache: dict | None = None,
-                 max_cache_bytes: int = DEFAULT_CACHE_BYTES):
+
+def rotation_key_switches(step: int, slots: int, has_key: Callable[[int], bool]) -> int:
+    """Key switches SEAL's ``rotate_vector`` spends on ``step``: 1 with a Galois key of its own, else it rotates
+    by each NAF term of the step (skipping a term of ``slots``, a full turn) as SEAL's ``rotate_internal`` does."""
+    if step == 0:
+        return 0
+    if has_key(step):
+        return 1
+    terms = naf_terms(step)
+    if len(terms) == 1:
+        raise ValueError(f"no Galois key for rotation step {step} (SEAL cannot compose a power of two)")
+    return sum(rotation_key_switches(t, slots, has_key) for t in terms if abs(t) != slots)
+
+
+class SealOps:
+    """:class:`~polyfhe.fhe.execute.SlotOps` on SEAL ciphertexts; ``level`` counts rescales consumed.
+
+    Plaintext diagonals and biases come from a :class:`~polyfhe.fhe.plaintexts.PlaintextStore` (``plaintext_cache``:
+    a store, or a program's ``plaintext_cache`` dict that keeps one shared by its servers; ``max_cache_bytes``:
+    its budget, ``None`` for the store's own). ``counts`` are cumulative; see :data:`COUNTERS`.
+    """
+
+    def __init__(self, seal: SealContext, relin_keys, galois_keys=None,
+                 plaintext_cache: PlaintextStore | dict | None = None, max_cache_bytes: int | None = None):
         self.seal = seal
         self.ev = seal.evaluator
         self.relin_keys = relin_keys
         self.galois_keys = galois_keys
         self.slots = seal.slots
         self.scale = seal.params.scale
-        self.cache = plaintext_cache if plaintext_cache is not None else {}
-        self.max_cache_bytes = max_cache_bytes
-        self.counts = {"rotations": 0, "plain_products": 0, "products": 0, "rescales": 0}
+        self.store = shared_store(plaintext_cache, max_cache_bytes)
+        self.counts = dict.fromkeys(COUNTERS, 0)
+        self._rotation_costs: dict[int, int] = {}  # step -> key switches, from the Galois keys held
         self._lock = threading.Lock()
 
-    def _count(self, name: str) -> None:
+    def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
-            self.counts[name] += 1
+            self.counts[name] += n
+
+    def stats(self) -> dict:
+        """The cumulative counters plus what the plaintext store holds now (``plaintext_bytes``)."""
+        with self._lock:
+            counts = dict(self.counts)
+        return {**counts, "plaintext_bytes": self.store.stats().bytes}
 
     def level(self, ct) -> int:
         return self.seal.top_level - self.seal.chain_index(ct)
@@ -147,37 +200,54 @@ class SealOps:
     def rotate(self, ct, step: int):
         if self.galois_keys is None:
             raise ValueError("this program needs rotations but the context holds no Galois keys")
+        step = int(step)
         out = self.seal.sa.Ciphertext()
-        self.ev.rotate_vector(ct, int(step), self.galois_keys, out)
-        self._count("rotations")
+        self.ev.rotate_vector(ct, step, self.galois_keys, out)
+        switches = self._rotation_costs.get(step)
+        if switches is None:  # once per step: the keys held do not change
+            switches = self._rotation_costs.setdefault(step, rotation_key_switches(step, self.slots, self._has_key))
+        with self._lock:
+            self.counts["rotations"] += 1
+            self.counts["key_switches"] += switches
         return out
+
+    def _has_key(self, step: int) -> bool:
+        from polyfhe.fhe.client import galois_element  # client imports this module
+
+        return bool(self.galois_keys.has_key(galois_element(step, self.seal.params.poly_modulus_degree)))
 
     def _target_scale(self, ct) -> float:
         return self.seal.last_prime(ct) * self.scale / ct.scale
 
+    @contextlib.contextmanager
+    def _plaintext(self, key, vec, parms_id, scale: float):
+        """The store's plaintext for ``key`` (encoded here on a miss), leased for the block."""
+        encoded = False
+
+        def encode():
+            nonlocal encoded
+            encoded = True
+            return self.seal.encode(vec, parms_id, scale)
+
+        with self.store.lease((key, tuple(parms_id), round(scale)), encode) as pt:
+            yield pt
+        self._count("encodes" if encoded else "plaintext_hits")
+
+    def _encode_scalar(self, value: float, parms_id, scale: float):
+        with self._lock:
+            self.counts["encodes"] += 1
+            self.counts["scalar_encodes"] += 1
+        return self.seal.encode(float(value), parms_id, scale)
+
     def mul_vector(self, ct, vec, key):
-        scale = self._target_scale(ct)
-        full_key = (key, tuple(ct.parms_id()), round(scale))
-        pt = self.cache.get(full_key)
-        if pt is None:
-            pt = self.seal.encode(vec, ct.parms_id(), scale)
-            self._remember(full_key, pt)
         out = self.seal.sa.Ciphertext()
-        self.ev.multiply_plain(ct, pt, out)
+        with self._plaintext(key, vec, ct.parms_id(), self._target_scale(ct)) as pt:
+            self.ev.multiply_plain(ct, pt, out)
         self._count("plain_products")
         return out
 
-    def _remember(self, key, pt) -> None:
-        """Cache an encoded plaintext while the cache stays within ``max_cache_bytes`` (then encode each time)."""
-        size = pt.coeff_count() * 8  # N x primes at this level, 64-bit words
-        with self._lock:
-            used = self.cache.get("__bytes__", 0)
-            if used + size <= self.max_cache_bytes:
-                self.cache[key] = pt
-                self.cache["__bytes__"] = used + size
-
     def mul_scalar(self, ct, value):
-        pt = self.seal.encode(float(value), ct.parms_id(), self._target_scale(ct))
+        pt = self._encode_scalar(value, ct.parms_id(), self._target_scale(ct))
         out = self.seal.sa.Ciphertext()
         self.ev.multiply_plain(ct, pt, out)
         self._count("plain_products")
@@ -190,16 +260,12 @@ class SealOps:
         return a
 
     def add_vector(self, ct, vec, key):
-        full_key = (key, tuple(ct.parms_id()), round(ct.scale))
-        pt = self.cache.get(full_key)
-        if pt is None:
-            pt = self.seal.encode(vec, ct.parms_id(), ct.scale)
-            self._remember(full_key, pt)
-        self.ev.add_plain_inplace(ct, pt)
+        with self._plaintext(key, vec, ct.parms_id(), ct.scale) as pt:
+            self.ev.add_plain_inplace(ct, pt)
         return ct
 
     def add_scalar(self, ct, value):
-        self.ev.add_plain_inplace(ct, self.seal.encode(float(value), ct.parms_id(), ct.scale))
+        self.ev.add_plain_inplace(ct, self._encode_scalar(value, ct.parms_id(), ct.scale))
         return ct
 
     def rescale(self, ct):
@@ -215,4 +281,5 @@ class SealOps:
 
     def relin_rescale(self, ct):
         self.ev.relinearize_inplace(ct, self.relin_keys)
+        self._count("key_switches")
         return self.rescale(ct)

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from polyfhe.fhe.client import galois_element
 from polyfhe.fhe.execute import execute
 from polyfhe.fhe.params import fingerprint_params
+from polyfhe.fhe.plaintexts import PlaintextStore
 from polyfhe.fhe.program import CKKSProgram
-from polyfhe.fhe.seal_backend import DEFAULT_CACHE_BYTES, SealContext, SealOps
+from polyfhe.fhe.seal_backend import SealContext, SealOps
 from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
 
 __all__ = ["CKKSServer", "RunStats"]
@@ -28,8 +29,17 @@ DEFAULT_MAX_CIPHERTEXT_BYTES = 1 << 30
 
 @dataclass
 class RunStats:
+    """One evaluation: its server compute time, what it did, and the program's plaintext store afterwards.
+
+    ``counts`` holds this run's rotations, key_switches, plain_products, products (ct x ct), rescales, encodes
+    (scalar_encodes among them), plaintext_hits and evictions (the store's, during the run: with sessions of one
+    program running at once, theirs too), plus ``plaintext_bytes``: what the store holds after the run.
+    ``plaintext`` is the store's state (:class:`~polyfhe.fhe.plaintexts.StoreStats`, totals since it was made).
+    """
+
     seconds: float = 0.0
     counts: dict = field(default_factory=dict)
+    plaintext: dict = field(default_factory=dict)
 
 
 def _check_identity(header: dict, program: CKKSProgram, what: str) -> None:
@@ -44,7 +54,9 @@ class CKKSServer:
     def __init__(self, program: CKKSProgram, public_context: bytes, *,
                  max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES,
                  max_ciphertext_bytes: int = DEFAULT_MAX_CIPHERTEXT_BYTES,
-                 plaintext_cache: dict | None = None, max_cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+                 plaintext_cache: PlaintextStore | dict | None = None, max_cache_bytes: int | None = None) -> None:
+        """``plaintext_cache``: the plaintext store (default: the program's, shared by all its servers);
+        ``max_cache_bytes``: its budget in bytes (``None`` keeps the store's own, 3 GiB for a new one)."""
         self.program = program
         self.max_ciphertext_bytes = max_ciphertext_bytes
         box = unpack(public_context, KIND_CONTEXT, max_bytes=max_context_bytes)
@@ -68,6 +80,7 @@ class CKKSServer:
         self.context_bytes = len(public_context)
         cache = plaintext_cache if plaintext_cache is not None else program.plaintext_cache
         self._ops = SealOps(self.seal, relin, galois, cache, max_cache_bytes)
+        self.plaintext_store = self._ops.store
         self.last_run = RunStats()
 
     def _load_input(self, data: bytes) -> tuple[list, int]:
@@ -95,13 +108,17 @@ class CKKSServer:
         """Evaluate the program on an encrypted input (bytes in, bytes out)."""
         cts, samples = self._load_input(data)
         t0 = time.perf_counter()
-        before = dict(self._ops.counts)
+        before = self._ops.stats()
+        evictions = self.plaintext_store.stats().evictions
         start = cts[0] if self.program.manifest.layout == "single" else cts
         result = execute(self.program, self._ops, start)
         outs = [result] if self.program.manifest.layout == "single" else result
         sections = {f"ct{i}": self.seal.dump(ct) for i, ct in enumerate(outs)}
-        self.last_run = RunStats(time.perf_counter() - t0,
-                                 {k: v - before.get(k, 0) for k, v in self._ops.counts.items()})
+        seconds = time.perf_counter() - t0
+        after, store = self._ops.stats(), self.plaintext_store.stats()
+        counts = {k: v - before[k] for k, v in after.items() if k != "plaintext_bytes"}
+        counts.update(evictions=store.evictions - evictions, plaintext_bytes=store.bytes)
+        self.last_run = RunStats(seconds, counts, store.to_dict())
         header = {"program_id": self.program.program_id, "params": fingerprint_params(self.program.params),
                   "role": "output", "count": len(outs), "samples": samples}
         log.info("evaluated program %s in %.2f s (%s)", self.program.program_id, self.last_run.seconds,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from polyfhe.fhe.params import estimated_sizes as params_sizes
+from polyfhe.fhe.plaintexts import shared_store
 from polyfhe.fhe.program import CKKSProgram, ProgramError, load_program
 
 __all__ = ["CARD_FILE", "Model", "Registry", "RegistryError", "estimated_sizes"]
@@ -91,8 +92,11 @@ class Model:
 class Registry:
     """Loads every program under a folder once, at start-up; a broken one is skipped with a warning."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, plaintext_cache_bytes: int | None = None) -> None:
+        """``plaintext_cache_bytes``: budget of each program's plaintext store, shared by the sessions of that
+        model (``None``: the store's default, 3 GiB)."""
         self.root = Path(root)
+        self.plaintext_cache_bytes = plaintext_cache_bytes
         self.models: dict[str, Model] = {}
         self.skipped: dict[str, str] = {}
         if not self.root.is_dir():
@@ -119,6 +123,7 @@ class Registry:
             self.skipped[name] = str(exc)
             log.warning("skipping program %s: %s", name, exc)
             return
+        shared_store(program.plaintext_cache, self.plaintext_cache_bytes)  # its servers find it there
         self.models[name] = Model(name, program, _read_card(folder))
         log.info("serving model %s (program %s, %s)", name, program.program_id, program.params.describe())
 
