@@ -3,13 +3,16 @@
 The number of non-zero diagonals (hence plaintext products and rotations) of a linear map depends on how
 its input and output tensors are laid out in the slots. Channel mixing in a token-major layout ``t*C + c``
 has offsets ``t*(C_out - C_in) + c - k`` that change with every token when the width changes (thousands of
-diagonals); in a channel-major layout ``c*T + t`` they are ``(c - k)*T`` (at most ``C_in + C_out - 1``).
+diagonals); in a channel-major layout ``c*T + t`` they are ``(c - k)*T`` (at most ``C_in + C_out - 1``), and
+with token blocks padded to a power of two ``T'`` a register repeats cyclically every ``C*T'`` slots, so the
+offsets are taken modulo that period and channel mixing needs about ``min(C_in, C_out)`` diagonals.
 Layouts are free: the client packs the input and unpacks the output with the program's public slot maps,
 and every map in between is rewritten in slot coordinates. Products need equal layouts on both operands.
 
-Per register we try the natural order and "channel-major" (last axis first) and keep the one with fewer
-diagonals for the map that produces it; the input gets a *token-aligned* packing built from its first
-consumer, so that a patch embedding (stride = kernel) becomes channel mixing too.
+Per register we try the leading axis and the last axis as channels, padded and not, and keep the one with the
+fewest diagonals for the map that produces it (ties go to the padded leading-axis order, best for consumers);
+the input gets a *token-aligned* packing built from its first consumer, so that a patch embedding
+(stride = kernel) becomes channel mixing too.
 """
 
 from __future__ import annotations

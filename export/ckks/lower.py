@@ -5,6 +5,10 @@ time with the analyzer's :class:`ConstantFolder`. Linear ops update affine expre
 two encrypted operands of Add/Sub/Sum/Concat are combined symbolically; a ct x ct Mul, Pow or MatMul
 materialises its operands as :class:`LinearNode` registers and emits a product node. Anything else names the
 node and the op and fails.
+
+This is also where the plan is chosen: every expression carries alternative *forms* (registers computed
+earlier, checkpoints of weighted ops and residual sums), and a materialised map takes the cheapest form at
+the lowest level by the cost model of ``cost.py``.
 """
 
 from __future__ import annotations
