@@ -92,7 +92,9 @@ def nonzero(matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if hasattr(matrix, "tocoo"):
         coo = matrix.tocoo()
         keep = coo.data != 0
-        return coo.row[keep].astype(np.int64), coo.col[keep].astype(np.int64), coo.data[keep]
+        if keep.all():  # the usual case: no stored zeros, so no filtered copies
+            return coo.row, coo.col, coo.data
+        return coo.row[keep], coo.col[keep], coo.data[keep]
     rows, cols = np.nonzero(matrix)
     return rows, cols, matrix[rows, cols]
 

@@ -106,14 +106,16 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
     space = max(pow2_at_least(int(slot_out.max()) + 1), *[periods[r] for r in node.inputs])
     period = pow2_at_least(int(slot_out.max()) + 1)
     best = None
-    while period <= space:
-        terms = [_diagonals(r, c, v, period, periods[reg], space)
-                 for (r, c, v), reg in zip(triples, node.inputs, strict=True)]
-        cost, baby, steps = _schedule([ks for ks, _ in terms], period, space, steps_used, max_keys)
+    while period <= space:  # offsets only: the dense diagonals are built for the chosen period alone
+        ks_list = [np.unique(offsets(r, c, period, periods[reg])[0])
+                   for (r, c, _), reg in zip(triples, node.inputs, strict=True)]
+        cost, baby, steps = _schedule(ks_list, period, space, steps_used, max_keys)
         if best is None or cost < best[0]:
-            best = (cost, period, baby, terms, steps)
+            best = (cost, period, baby, steps)
         period *= 2
-    _, period, baby, terms, steps = best
+    _, period, baby, steps = best
+    terms = [_diagonals(r, c, v, period, periods[reg], space)
+             for (r, c, v), reg in zip(triples, node.inputs, strict=True)]
     attrs = {"period": period, "space": space, "baby": baby, "terms": [], "bias": None}
     periods[node.out] = period
     tiles = slots // space
