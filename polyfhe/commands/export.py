@@ -289,9 +289,12 @@ def summary_table(program: Any, out: Path, name: str) -> Any:
         ("samples per ciphertext", m.samples_per_ciphertext if m.layout == "single" else f"up to {p.slots}"),
         ("modulus chain (bits)", f"{list(p.coeff_mod_bits)} = {p.total_bits} (security {p.security})"),
         ("scale", f"2^{p.scale_bits}"), ("levels used / available", f"{m.depth} / {p.levels}"),
+        ("levels: analyzer's lower bound", info.get("analyzer", {}).get("levels", "-")),
         ("degree", info.get("degree", "-")), ("linear maps / ct x ct products",
                                              f"{info.get('linear_maps', '-')} / {info.get('products', '-')}"),
         ("plaintext diagonals", info.get("plaintext_diagonals", "-")), ("Galois keys", len(m.galois_steps)),
+        ("planned per query", _planned(info.get("planned"))),
+        ("fallbacks", "; ".join(info.get("fallbacks", [])) or "none"),
         ("calibration", f"{info.get('samples', 0)} samples, inputs in "
          f"[{m.input_range[0]:.3g}, {m.input_range[1]:.3g}]" if info.get("calibrated")
          else "none (assumed inputs in [0, 1])"),
@@ -304,6 +307,13 @@ def summary_table(program: Any, out: Path, name: str) -> Any:
     for key, value in rows:
         table.add_row(key, str(value))
     return table
+
+
+def _planned(planned: dict | None) -> str:
+    if not planned:
+        return "-"
+    return (f"{planned['rotations']} rotations, {planned['key_switches']} key switches, "
+            f"{planned['plain_products']} plaintext products, {_mb(planned['plaintext_bytes'])} of plaintexts")
 
 
 def _mb(n: float) -> str:
