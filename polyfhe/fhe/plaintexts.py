@@ -27,7 +27,7 @@ __all__ = ["DEFAULT_PLAINTEXT_BYTES", "STORE_KEY", "PlaintextStore", "StoreStats
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PLAINTEXT_BYTES = 3 << 30  # the FHE recipes' whole program (about 1.3 MB per diagonal at N=16384)
+DEFAULT_PLAINTEXT_BYTES = 3 << 30  # holds a 2.5 GB MONet-BN program; monet_fhe_bn at 28x28 needs 4.6 GB (1.3 MB/diagonal at the top level)
 STORE_KEY = "__plaintext_store__"  # where a store lives inside a program's ``plaintext_cache`` dict
 WORD_BYTES = 8  # SEAL keeps each coefficient modulo each prime in a 64-bit word
 
