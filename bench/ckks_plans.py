@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         kind, *rest = args.stage
         fn = {"compile": lambda: stage_compile(Path(rest[0]), Path(rest[1])),
               "server": lambda: stage_server(Path(rest[0]), Path(rest[1])),
-              "client": lambda: stage_client(Path(rest[0]), Path(rest[1]), tree_env_of_self(), int(rest[2]))}[kind]
+              "client": lambda: stage_client(Path(rest[0]), Path(rest[1]), dict(os.environ), int(rest[2]))}[kind]
         Path(args.stage_out).write_text(json.dumps(fn()))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
@@ -318,11 +318,6 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "ckks_plans.md").write_text(table + "\n")
     plot(results, args.out / "ckks_plans.png")
     return 0
-
-
-def tree_env_of_self() -> dict:
-    """The environment this process runs in (its PYTHONPATH picks the tree) for the server stage."""
-    return dict(os.environ)
 
 
 if __name__ == "__main__":

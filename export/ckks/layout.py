@@ -50,11 +50,6 @@ def channel_major(shape: tuple[int, ...]) -> np.ndarray:
     return slot_of
 
 
-def tokens_of(shape: tuple[int, ...]) -> int:
-    dims = _squeeze(shape)
-    return int(np.prod(dims[:-1])) if len(dims) >= 2 else 1
-
-
 def pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
 
