@@ -20,6 +20,7 @@ from polyfhe.export.ckks.circuit import Circuit
 from polyfhe.export.ckks.counters import plan_counters
 from polyfhe.export.ckks.lower import lower_onnx
 from polyfhe.export.ckks.plan import plan_batch, plan_single
+from polyfhe.fhe.backends import DEFAULT_BACKEND, BackendUnavailable, get_backend
 from polyfhe.fhe.params import CKKSParams, ParameterError, choose_params, validate
 from polyfhe.fhe.program import LAYOUTS, CKKSProgram, ProgramManifest
 
@@ -32,6 +33,8 @@ BATCH_MEMORY_BUDGET = 8 << 30  # bytes of live ciphertexts the batch layout may 
 # key-switching noise they then add at the working scale stays far below the error budget (at 2^31 it does not:
 # 2.6e-3 against 8e-5 on cpolynext_fhe_bn at 8x8)
 RESCALE_GIANTS_MIN_SCALE_BITS = 35
+# Lattigo's primes lie up to a few millionths of a bit above 2^bits, so the 128-bit bound is kept with a bit to spare
+ENGINE_RESERVE_BITS = {"lattigo": 1}
 GALOIS_KEY_BUDGET = 1 << 30  # bytes of Galois keys in a public context (beyond it, rotations are composed)
 
 
@@ -94,6 +97,7 @@ def export_ckks(
     batch_memory_budget: int = BATCH_MEMORY_BUDGET,
     galois_key_budget: int = GALOIS_KEY_BUDGET,
     samples_per_ciphertext: int | None = None,
+    backend: str = DEFAULT_BACKEND,
 ) -> CKKSProgram:
     """Compile ``model`` (module or ONNX) into a CKKS program for ``layout`` ("single" or "batch").
 
@@ -103,11 +107,19 @@ def export_ckks(
     composed from power-of-two keys (slower, smaller upload).
     ``samples_per_ciphertext`` (single layout): interleave this many samples per ciphertext at the cost of
     one; None takes as many as the widest tensor leaves room for (1 when it needs every slot).
+    ``backend``: the engine that makes the keys and runs the program ("seal" or "lattigo"; the manifest names it).
     """
     from polyfhe.analysis import analyze
 
     if layout not in LAYOUTS:
         raise CKKSExportError(f"unknown layout {layout!r}; accepted: {list(LAYOUTS)}")
+    try:
+        engine = get_backend(backend)
+        engine.available()
+    except (ValueError, BackendUnavailable) as exc:
+        raise CKKSExportError(str(exc)) from exc
+    if layout not in engine.layouts:
+        raise CKKSExportError(f"backend {backend!r} runs layouts {list(engine.layouts)}, not {layout!r}")
     if input_shape is None and isinstance(calibration, np.ndarray) and calibration.ndim >= 2:
         input_shape = tuple(calibration.shape[1:])  # a module without a known input size: the samples' shape
     proto, name = to_onnx_model(model, input_shape)
@@ -124,7 +136,8 @@ def export_ckks(
     try:
         if params is None:
             params = choose_params(circuit.depth, slots_needed, max_abs, scale_bits=scale_bits,
-                                   poly_modulus_degree=poly_modulus_degree)
+                                   poly_modulus_degree=poly_modulus_degree,
+                                   reserve_bits=ENGINE_RESERVE_BITS.get(backend, 0))
         params = validate(params, allow_insecure=allow_insecure)
     except ParameterError as exc:
         raise CKKSExportError(str(exc)) from exc
@@ -166,7 +179,10 @@ def export_ckks(
         input_slots=plan.input_slots, output_slots=plan.output_slots,
         samples_per_ciphertext=int(plan.stats.get("samples_per_ciphertext", 1)),
     )
-    program = CKKSProgram.create(manifest, plan.arrays)
+    try:
+        program = engine.prepare(CKKSProgram.create(manifest, plan.arrays))
+    except (ParameterError, ValueError) as exc:
+        raise CKKSExportError(f"{name} on backend {backend!r}: {exc}") from exc
     log.info("CKKS program %s: %s, %s, depth %d, %d Galois keys, %d sample(s) per ciphertext", program.program_id,
              layout, params.describe(), circuit.depth, len(plan.galois_steps), manifest.samples_per_ciphertext)
     return program

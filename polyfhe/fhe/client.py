@@ -13,7 +13,7 @@ from polyfhe.fhe.program import ProgramManifest
 from polyfhe.fhe.seal_backend import SealContext
 from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, WireError, pack, unpack
 
-__all__ = ["CKKSClient", "InputError", "galois_element"]
+__all__ = ["CKKSClient", "InputError", "check_input", "check_result", "galois_element"]
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,51 @@ class InputError(ValueError):
 def galois_element(step: int, poly_modulus_degree: int) -> int:
     """SEAL's Galois element for a left rotation by ``step`` slots (3^step mod 2N)."""
     return pow(3, step % (poly_modulus_degree // 2), 2 * poly_modulus_degree)
+
+
+def check_input(manifest: ProgramManifest, x) -> np.ndarray:
+    """``x`` as (samples, input_size) float64, checked against the program; raises :class:`InputError`."""
+    m = manifest
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiub":
+        raise InputError(f"input dtype {arr.dtype} is not real numeric; expected float images "
+                         f"of shape {tuple(m.input_shape)}")
+    arr = arr.astype(np.float64)
+    per_sample = m.input_size
+    if arr.size == per_sample:
+        arr = arr.reshape(1, per_sample)
+    elif arr.ndim > 1 and arr.shape[0] > 0 and int(np.prod(arr.shape[1:])) == per_sample:
+        arr = arr.reshape(-1, per_sample)
+    else:
+        raise InputError(f"input of shape {arr.shape} is neither one sample of shape {tuple(m.input_shape)} "
+                         f"({per_sample} values) nor a batch (n, ...) of such samples")
+    capacity = m.samples_per_query
+    if len(arr) > capacity:
+        raise InputError(f"{len(arr)} samples exceed the {capacity} this program packs into one ciphertext "
+                         f"({m.layout} layout); encrypt them in chunks of {capacity}")
+    if not np.all(np.isfinite(arr)):
+        raise InputError("input contains NaN or infinite values")
+    lo, hi = m.input_range
+    span = max(hi - lo, 1e-12)
+    if arr.min() < lo - 0.05 * span or arr.max() > hi + 0.05 * span:
+        log.warning("input values [%.3g, %.3g] fall outside the calibrated range [%.3g, %.3g]; encrypted "
+                    "results may lose precision or overflow", arr.min(), arr.max(), lo, hi)
+    return arr
+
+
+def check_result(manifest: ProgramManifest, box) -> tuple[int, int]:
+    """(count, samples) of a result container for this program; raises :class:`WireError`."""
+    if box.header.get("program_id") != manifest.program_id:
+        raise WireError(f"ciphertext is for program {box.header.get('program_id')!r}, this client holds "
+                        f"keys for {manifest.program_id!r}")
+    count, samples = int(box.header.get("count", -1)), int(box.header.get("samples", -1))
+    expected = 1 if manifest.layout == "single" else manifest.output_size
+    if count != expected or len(box.sections) != count:
+        raise WireError(f"result holds {count} ciphertexts, expected {expected}")
+    capacity = manifest.samples_per_query
+    if not 1 <= samples <= capacity:
+        raise WireError(f"result claims {samples} samples; one ciphertext of this program holds 1 to {capacity}")
+    return count, samples
 
 
 class CKKSClient:
@@ -71,32 +116,7 @@ class CKKSClient:
 
     # ------------------------------------------------------------------------------------------------------
     def _check_input(self, x) -> np.ndarray:
-        m = self.manifest
-        arr = np.asarray(x)
-        if arr.dtype.kind not in "fiub":
-            raise InputError(f"input dtype {arr.dtype} is not real numeric; expected float images "
-                             f"of shape {tuple(m.input_shape)}")
-        arr = arr.astype(np.float64)
-        per_sample = m.input_size
-        if arr.size == per_sample:
-            arr = arr.reshape(1, per_sample)
-        elif arr.ndim > 1 and arr.shape[0] > 0 and int(np.prod(arr.shape[1:])) == per_sample:
-            arr = arr.reshape(-1, per_sample)
-        else:
-            raise InputError(f"input of shape {arr.shape} is neither one sample of shape {tuple(m.input_shape)} "
-                             f"({per_sample} values) nor a batch (n, ...) of such samples")
-        capacity = m.samples_per_query
-        if len(arr) > capacity:
-            raise InputError(f"{len(arr)} samples exceed the {capacity} this program packs into one ciphertext "
-                             f"({m.layout} layout); encrypt them in chunks of {capacity}")
-        if not np.all(np.isfinite(arr)):
-            raise InputError("input contains NaN or infinite values")
-        lo, hi = m.input_range
-        span = max(hi - lo, 1e-12)
-        if arr.min() < lo - 0.05 * span or arr.max() > hi + 0.05 * span:
-            log.warning("input values [%.3g, %.3g] fall outside the calibrated range [%.3g, %.3g]; encrypted "
-                        "results may lose precision or overflow", arr.min(), arr.max(), lo, hi)
-        return arr
+        return check_input(self.manifest, x)
 
     def encrypt(self, x) -> bytes:
         """One sample, or a batch (n, ...) of up to ``samples_per_ciphertext`` (single) or ``slots`` (batch)."""
@@ -118,16 +138,7 @@ class CKKSClient:
     def decrypt(self, data: bytes) -> np.ndarray:
         """Logits of shape (samples, output_size)."""
         box = unpack(data, KIND_CIPHERTEXT)
-        if box.header.get("program_id") != self.manifest.program_id:
-            raise WireError(f"ciphertext is for program {box.header.get('program_id')!r}, this client holds "
-                            f"keys for {self.manifest.program_id!r}")
-        count, samples = int(box.header.get("count", -1)), int(box.header.get("samples", -1))
-        expected = 1 if self.manifest.layout == "single" else self.manifest.output_size
-        if count != expected or len(box.sections) != count:
-            raise WireError(f"result holds {count} ciphertexts, expected {expected}")
-        capacity = self.manifest.samples_per_query
-        if not 1 <= samples <= capacity:
-            raise WireError(f"result claims {samples} samples; one ciphertext of this program holds 1 to {capacity}")
+        count, samples = check_result(self.manifest, box)
         values = []
         for i in range(count):
             ct = self.seal.load("ciphertext", box.sections[f"ct{i}"])

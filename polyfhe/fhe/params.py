@@ -108,8 +108,11 @@ def choose_params(
     max_scale_bits: int = 40,
     min_scale_bits: int = 30,
     poly_modulus_degree: int | None = None,
+    reserve_bits: int = 0,
 ) -> CKKSParams:
     """The smallest secure ring that holds ``slots_needed`` values and ``levels`` rescales, largest scale first.
+
+    ``reserve_bits``: stay this far under the bound (an engine whose primes may lie just above ``2^bits``).
 
     The first prime holds ``scale * max_abs_value`` with 8 bits of margin. Raises :class:`ParameterError`
     saying how many levels are needed and how many fit when nothing does.
@@ -127,11 +130,11 @@ def choose_params(
             if first - s < headroom:
                 continue
             bits = (first, *([s] * levels), first)
-            if sum(bits) <= MAX_BITS_128[n]:
+            if sum(bits) <= MAX_BITS_128[n] - reserve_bits:
                 return CKKSParams(n, bits, s)
         s = scales[-1]
         first = min(MAX_PRIME_BITS, s + headroom)
-        fit = max(0, (MAX_BITS_128[n] - 2 * first) // s)
+        fit = max(0, (MAX_BITS_128[n] - reserve_bits - 2 * first) // s)
         best_fit.append(f"N={n}: {fit} levels at a {s}-bit scale")
     raise ParameterError(
         f"the program needs {levels} levels on {slots_needed} slots with values up to {max_abs_value:.3g}; "

@@ -73,6 +73,7 @@ class ProgramManifest:
     samples_per_ciphertext: int = 1  # single layout: k interleaved samples (sample j in slots u*k + j)
     program_id: str = ""
     format: str = FORMAT
+    backend: str = "seal"  # the engine whose client makes its keys and whose server runs it
 
     def to_dict(self) -> dict:
         return {
@@ -81,7 +82,7 @@ class ProgramManifest:
             "output_size": self.output_size, "output": self.output, "steps": [s.to_dict() for s in self.steps],
             "galois_steps": list(self.galois_steps), "input_range": list(self.input_range), "info": self.info,
             "input_slots": list(self.input_slots), "output_slots": list(self.output_slots),
-            "samples_per_ciphertext": self.samples_per_ciphertext,
+            "samples_per_ciphertext": self.samples_per_ciphertext, "backend": self.backend,
         }
 
     @classmethod
@@ -90,6 +91,10 @@ class ProgramManifest:
             raise ProgramError(f"unknown program format {d.get('format')!r}; this polyfhe reads {FORMAT!r}")
         if d.get("layout") not in LAYOUTS:
             raise ProgramError(f"unknown layout {d.get('layout')!r}; accepted: {list(LAYOUTS)}")
+        from polyfhe.fhe.backends import BACKEND_NAMES
+
+        if d.get("backend", "seal") not in BACKEND_NAMES:
+            raise ProgramError(f"unknown backend {d.get('backend')!r}; accepted: {list(BACKEND_NAMES)}")
         try:
             lanes = int(d.get("samples_per_ciphertext", 1))
             slots = CKKSParams.from_dict(d["params"]).slots
@@ -106,6 +111,7 @@ class ProgramManifest:
                 info=dict(d.get("info", {})), program_id=str(d.get("program_id", "")),
                 input_slots=tuple(int(i) for i in d.get("input_slots", [])),
                 output_slots=tuple(int(i) for i in d.get("output_slots", [])), samples_per_ciphertext=lanes,
+                backend=str(d.get("backend", "seal")),
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ProgramError(f"malformed program manifest: {type(exc).__name__}: {exc}") from exc
@@ -143,6 +149,7 @@ class CKKSProgram:
     manifest: ProgramManifest
     arrays: dict[str, np.ndarray]
     plaintext_cache: dict = field(default_factory=dict, repr=False, compare=False)  # shared by its servers
+    engine_cache: dict = field(default_factory=dict, repr=False, compare=False)  # e.g. a loaded engine model
 
     @classmethod
     def create(cls, manifest: ProgramManifest, arrays: dict[str, np.ndarray]) -> CKKSProgram:
@@ -165,14 +172,16 @@ class CKKSProgram:
         return out
 
     def client(self, **kwargs):
-        from polyfhe.fhe.client import CKKSClient
+        """The key holder for this program, from the engine the manifest names."""
+        from polyfhe.fhe.backends import get_backend
 
-        return CKKSClient(self.manifest, **kwargs)
+        return get_backend(self.manifest.backend).client(self.manifest, **kwargs)
 
     def server(self, public_context: bytes, **kwargs):
-        from polyfhe.fhe.server import CKKSServer
+        """An evaluator for one client's public context, from the engine the manifest names."""
+        from polyfhe.fhe.backends import get_backend
 
-        return CKKSServer(self, public_context, **kwargs)
+        return get_backend(self.manifest.backend).server(self, public_context, **kwargs)
 
     def run_plain(self, x: np.ndarray) -> np.ndarray:
         """Execute the compiled steps on plaintext slots (no encryption): the reference for one sample batch."""
@@ -182,7 +191,7 @@ class CKKSProgram:
 
     def summary(self) -> dict:
         m = self.manifest
-        return {"program_id": m.program_id, "layout": m.layout, "params": m.params.to_dict(),
+        return {"program_id": m.program_id, "backend": m.backend, "layout": m.layout, "params": m.params.to_dict(),
                 "input_shape": list(m.input_shape), "output_size": m.output_size, "depth": m.depth,
                 "steps": len(m.steps), "galois_keys": len(m.galois_steps), **m.info}
 

@@ -19,7 +19,7 @@ from polyfhe.fhe.program import CKKSProgram
 from polyfhe.fhe.seal_backend import SealContext, SealOps
 from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
 
-__all__ = ["CKKSServer", "RunStats"]
+__all__ = ["CKKSServer", "RunStats", "check_identity"]
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class RunStats:
     plaintext: dict = field(default_factory=dict)
 
 
-def _check_identity(header: dict, program: CKKSProgram, what: str) -> None:
+def check_identity(header: dict, program: CKKSProgram, what: str) -> None:
     if header.get("program_id") != program.program_id:
         raise WireError(f"{what} was made for program {header.get('program_id')!r}, this server runs "
                         f"{program.program_id!r}")
@@ -60,7 +60,7 @@ class CKKSServer:
         self.program = program
         self.max_ciphertext_bytes = max_ciphertext_bytes
         box = unpack(public_context, KIND_CONTEXT, max_bytes=max_context_bytes)
-        _check_identity(box.header, program, "public context")
+        check_identity(box.header, program, "public context")
         self.seal = SealContext(program.params)
         for name in ("public_key", "relin_keys"):
             if name not in box.sections:
@@ -85,7 +85,7 @@ class CKKSServer:
 
     def _load_input(self, data: bytes) -> tuple[list, int]:
         box = unpack(data, KIND_CIPHERTEXT, max_bytes=self.max_ciphertext_bytes)
-        _check_identity(box.header, self.program, "ciphertext")
+        check_identity(box.header, self.program, "ciphertext")
         m = self.program.manifest
         expected = 1 if m.layout == "single" else m.input_size
         count = box.header.get("count")

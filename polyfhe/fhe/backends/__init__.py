@@ -1,0 +1,36 @@
+"""CKKS engines behind one protocol, and the registry that picks one by name.
+
+Every engine module provides a :class:`~polyfhe.fhe.backends.base.Backend`: what the client needs
+(parameters, key generation, encode/encrypt/decrypt, the public key bytes a server gets) and what a server runs
+(a compiled program on one client's public keys). The planner hands every engine the same
+:class:`~polyfhe.fhe.program.CKKSProgram`: per step the diagonals (or sparse rows), the ct x ct products and the
+levels; an engine may lower it further (Lattigo's evaluator takes its own model container). Nothing outside an
+engine's module imports the engine's package, so the registry and this protocol load without either installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from polyfhe.fhe.backends.base import Backend, BackendUnavailable
+
+__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "get_backend", "list_backends"]
+
+# name -> module defining ``BACKEND``; imported on first use so a missing engine only fails when it is asked for
+_MODULES = {"seal": "polyfhe.fhe.backends.seal", "lattigo": "polyfhe.fhe.backends.lattigo"}
+BACKEND_NAMES = tuple(_MODULES)
+DEFAULT_BACKEND = "seal"  # see docs/ckks.md ("Engines") for the measurement behind this choice
+_LOADED: dict[str, Backend] = {}
+
+
+def get_backend(name: str) -> Backend:
+    """The engine registered as ``name``; raises ``ValueError`` listing the accepted names."""
+    if name not in _MODULES:
+        raise ValueError(f"unknown CKKS backend {name!r}; accepted: {list(BACKEND_NAMES)}")
+    if name not in _LOADED:
+        _LOADED[name] = importlib.import_module(_MODULES[name]).BACKEND
+    return _LOADED[name]
+
+
+def list_backends() -> list[str]:
+    return list(BACKEND_NAMES)

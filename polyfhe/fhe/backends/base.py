@@ -1,0 +1,52 @@
+"""The engine protocol: what the compiler hands over, what a client and a server get from an engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+__all__ = ["Backend", "BackendUnavailable", "ClientProtocol", "ServerProtocol"]
+
+
+class BackendUnavailable(ImportError):
+    """The engine's package is not installed; the message says how to install it."""
+
+
+class ClientProtocol(Protocol):
+    """The key holder: keys for one program; bytes in and out, the secret key never leaves it."""
+
+    manifest: Any
+    keygen_seconds: float
+
+    def public_context(self) -> bytes: ...  # what a server gets: public, relinearisation and Galois keys
+    def encrypt(self, x) -> bytes: ...  # one sample or a batch -> a ciphertext container
+    def decrypt(self, data: bytes) -> Any: ...  # a result container -> (samples, output_size) logits
+
+
+class ServerProtocol(Protocol):
+    """Runs one program on one client's public keys; never holds a secret key or a plaintext."""
+
+    program: Any
+    context_bytes: int
+    last_run: Any  # polyfhe.fhe.server.RunStats
+
+    def run(self, data: bytes) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One CKKS engine.
+
+    ``prepare(program)`` is called at export: it may check the parameters against the engine (security is
+    checked by polyfhe, not the engine) and returns the program the engine runs (same steps; engine-specific
+    rotation keys and facts in ``manifest.info[name]``). ``client(manifest)`` and ``server(program, context)``
+    build the two sides. ``available()`` raises :class:`BackendUnavailable` with an install hint.
+    """
+
+    name: str
+    description: str
+    layouts: tuple[str, ...]
+    available: Callable[[], None]
+    prepare: Callable[..., Any]
+    client: Callable[..., ClientProtocol]
+    server: Callable[..., ServerProtocol]

@@ -1,0 +1,254 @@
+"""Lattigo v6 through the ``orion-v2-lattigo`` (client) and ``orion-v2-evaluator`` (server) wheels.
+
+The server lowers the program once to the evaluator's model container (:mod:`.lattigo_format`) and runs it with
+Lattigo's hoisted baby-step giant-step linear transforms. The two wheels are separate Go runtimes: keys and
+ciphertexts cross between them as Lattigo's binary marshalling, which is also what travels on the wire.
+
+Lattigo does not check parameter security; polyfhe does, on the primes Lattigo actually generates (special
+prime included), against the HE standard's 128-bit bounds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from polyfhe.fhe.backends.base import Backend, BackendUnavailable
+from polyfhe.fhe.backends.lattigo_format import LattigoModel, galois_element, lattigo_params, lower_program
+from polyfhe.fhe.client import InputError, check_input, check_result
+from polyfhe.fhe.execute import pack_single, unpack_single
+from polyfhe.fhe.params import MAX_BITS_128, ParameterError, fingerprint_params
+from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
+
+__all__ = ["BACKEND", "LattigoClient", "LattigoServer", "modulus_bits"]
+
+log = logging.getLogger(__name__)
+
+NAME = "lattigo"
+INSTALL_HINT = "pip install orion-v2-lattigo orion-v2-evaluator (Python >= 3.11, Linux x86-64 or macOS wheels)"
+DEFAULT_MAX_CONTEXT_BYTES = 4 << 30
+DEFAULT_MAX_CIPHERTEXT_BYTES = 1 << 30
+
+
+def _client_lib():
+    try:
+        from lattigo import ckks, rlwe
+    except ImportError as exc:
+        raise BackendUnavailable(f"the Lattigo backend's client needs the orion-v2-lattigo wheel: {INSTALL_HINT}") \
+            from exc
+    return ckks, rlwe
+
+
+def _evaluator_lib():
+    try:
+        import orion_evaluator
+    except ImportError as exc:
+        raise BackendUnavailable(f"the Lattigo backend's server needs the orion-v2-evaluator wheel: {INSTALL_HINT}") \
+            from exc
+    return orion_evaluator
+
+
+def _available() -> None:
+    _client_lib()
+    _evaluator_lib()
+
+
+def modulus_bits(params) -> float:
+    """log2 of the whole modulus Lattigo builds for ``params`` (ciphertext primes and the special prime)."""
+    ckks, _ = _client_lib()
+    p = ckks.Parameters.from_dict(lattigo_params(params))
+    try:
+        return sum(math.log2(q) for q in [*p.moduli_chain(), *p.aux_moduli_chain()])
+    finally:
+        p.close()
+
+
+def check_security(params) -> None:
+    """Refuse parameters past the 128-bit bound unless the program was exported with ``allow_insecure``."""
+    bound = MAX_BITS_128.get(params.poly_modulus_degree)
+    bits = modulus_bits(params)
+    if bound is not None and bits <= bound:
+        return
+    if params.security != "none":
+        raise ParameterError(f"Lattigo's primes for {params.describe()} total {bits:.2f} bits, over the 128-bit "
+                             f"bound of {bound} bits for N={params.poly_modulus_degree}: export with fewer levels, "
+                             "a smaller scale or a larger ring")
+    log.warning("INSECURE CKKS PARAMETERS on Lattigo: %s totals %.2f bits (128-bit bound %s). Never use them for "
+                "real data.", params.describe(), bits, bound)
+
+
+def _prepare(program):
+    """Lower once at export: the rotation steps the evaluator needs become the manifest's Galois keys."""
+    from polyfhe.fhe.program import CKKSProgram
+
+    check_security(program.params)
+    lowered = lower_program(program)
+    info = {**program.manifest.info, NAME: {"galois_keys": len(lowered.galois_steps), "needs_relin":
+                                            lowered.needs_relin, "modulus_bits": round(modulus_bits(program.params), 3),
+                                            **lowered.counts}}
+    manifest = replace(program.manifest, backend=NAME, galois_steps=lowered.galois_steps, info=info)
+    return CKKSProgram.create(manifest, program.arrays)
+
+
+# ------------------------------------------------------------------------------------------------------------
+class LattigoClient:
+    """Keys for one program on Lattigo: the secret key stays in this process (in Go memory)."""
+
+    def __init__(self, manifest) -> None:
+        if manifest.backend != NAME:
+            raise ValueError(f"program {manifest.program_id} was exported for backend {manifest.backend!r}")
+        ckks, rlwe = _client_lib()
+        check_security(manifest.params)
+        self.manifest = manifest
+        t0 = time.perf_counter()
+        self._params = ckks.Parameters.from_dict(lattigo_params(manifest.params))
+        keygen = rlwe.KeyGenerator(self._params)
+        self._secret_key = keygen.gen_secret_key()
+        public_key = keygen.gen_public_key(self._secret_key)
+        n = manifest.params.poly_modulus_degree
+        relin = keygen.gen_relin_key(self._secret_key) if manifest.info.get(NAME, {}).get("needs_relin", True) \
+            else None
+        galois = [keygen.gen_galois_key(self._secret_key, galois_element(s, n)) for s in manifest.galois_steps]
+        key_set = rlwe.MemEvaluationKeySet(relin, galois)
+        self._evaluation_keys = key_set.marshal_binary()
+        for obj in (key_set, *galois, *([relin] if relin else []), keygen):
+            obj.close()
+        self.keygen_seconds = time.perf_counter() - t0
+        self._encoder = ckks.Encoder(self._params)
+        self._encryptor = rlwe.Encryptor(self._params, public_key)
+        self._decryptor = rlwe.Decryptor(self._params, self._secret_key)
+        self._rlwe = rlwe
+        self._header = {"program_id": manifest.program_id, "params": fingerprint_params(manifest.params),
+                        "backend": NAME}
+        log.info("Lattigo keys for program %s in %.2f s (%d Galois keys, %.0f MB)", manifest.program_id,
+                 self.keygen_seconds, len(manifest.galois_steps), len(self._evaluation_keys) / 1e6)
+
+    def public_context(self) -> bytes:
+        """Relinearisation and exactly the program's Galois keys (Lattigo's ``MemEvaluationKeySet``). No secret."""
+        header = {**self._header, "params_full": self.manifest.params.to_dict(),
+                  "galois_steps": list(self.manifest.galois_steps)}
+        return pack(KIND_CONTEXT, header, {"evaluation_keys": self._evaluation_keys})
+
+    def encrypt(self, x) -> bytes:
+        arr = check_input(self.manifest, x)
+        if self.manifest.layout != "single":
+            raise InputError("the Lattigo backend runs the single layout only")
+        values = pack_single(self.manifest, arr)
+        params = self.manifest.params
+        plaintext = self._encoder.encode(values.tolist(), params.levels, 1 << params.scale_bits)
+        ct = self._encryptor.encrypt_new(plaintext)
+        data = ct.marshal_binary()
+        ct.close()
+        plaintext.close()
+        header = {**self._header, "role": "input", "count": 1, "samples": len(arr)}
+        return pack(KIND_CIPHERTEXT, header, {"ct0": data})
+
+    def decrypt(self, data: bytes) -> np.ndarray:
+        box = unpack(data, KIND_CIPHERTEXT)
+        _, samples = check_result(self.manifest, box)
+        try:
+            ct = self._rlwe.Ciphertext.unmarshal_binary(box.sections["ct0"])
+        except Exception as exc:
+            raise WireError(f"result is not a Lattigo ciphertext: {exc}") from exc
+        plaintext = self._decryptor.decrypt_new(ct)
+        values = np.asarray(self._encoder.decode(plaintext, self.manifest.params.slots))
+        ct.close()
+        plaintext.close()
+        return unpack_single(self.manifest, values, samples)
+
+
+# ------------------------------------------------------------------------------------------------------------
+def _shared_model(program):
+    """One loaded evaluator model per program, shared by its sessions (it is immutable once loaded)."""
+    cached = program.engine_cache.get(NAME)
+    if cached is None:
+        evaluator = _evaluator_lib()
+        lowered: LattigoModel = lower_program(program)
+        if tuple(lowered.galois_steps) != tuple(program.manifest.galois_steps):
+            raise ValueError(f"program {program.program_id}: its Galois steps do not match its Lattigo lowering "
+                             "(exported by another polyfhe version?); export it again with backend='lattigo'")
+        t0 = time.perf_counter()
+        model = evaluator.Model.load(lowered.data)
+        cached = (model, lowered)
+        program.engine_cache[NAME] = cached
+        log.info("loaded Lattigo model for %s (%.0f MB) in %.2f s", program.program_id, len(lowered.data) / 1e6,
+                 time.perf_counter() - t0)
+    return cached
+
+
+class LattigoServer:
+    """Runs a program on one client's evaluation keys. Lattigo's evaluator is not thread-safe: runs are serialised
+    per session (different sessions run in parallel, each on its own evaluator)."""
+
+    def __init__(self, program, public_context: bytes, *, max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES,
+                 max_ciphertext_bytes: int = DEFAULT_MAX_CIPHERTEXT_BYTES, **_ignored) -> None:
+        from polyfhe.fhe.server import RunStats, check_identity
+
+        self.program = program
+        self.max_ciphertext_bytes = max_ciphertext_bytes
+        box = unpack(public_context, KIND_CONTEXT, max_bytes=max_context_bytes)
+        check_identity(box.header, program, "public context")
+        if box.header.get("backend") != NAME or "evaluation_keys" not in box.sections:
+            raise WireError(f"public context was made for backend {box.header.get('backend', 'seal')!r}; this "
+                            f"program runs on {NAME!r} (make keys with this program's client)")
+        evaluator = _evaluator_lib()
+        self._model, self._lowered = _shared_model(program)
+        params = lattigo_params(program.params)
+        try:
+            self._evaluator = evaluator.Evaluator(params, box.sections["evaluation_keys"])
+        except Exception as exc:
+            raise WireError(f"evaluation keys are not valid Lattigo keys for {program.params.describe()}: "
+                            f"{exc}") from exc
+        self._ckks, self._rlwe = _client_lib()
+        self._lock = threading.Lock()
+        self.context_bytes = len(public_context)
+        self.plaintext_store = None
+        self.last_run = RunStats()
+        self._run_stats = RunStats
+
+    def _load_input(self, data: bytes) -> tuple[bytes, int]:
+        from polyfhe.fhe.server import check_identity
+
+        box = unpack(data, KIND_CIPHERTEXT, max_bytes=self.max_ciphertext_bytes)
+        check_identity(box.header, self.program, "ciphertext")
+        if box.header.get("count") != 1 or list(box.sections) != ["ct0"]:
+            raise WireError(f"input holds {len(box.sections)} ciphertexts, the program takes 1")
+        samples = box.header.get("samples", 1)
+        capacity = self.program.manifest.samples_per_query
+        if not isinstance(samples, int) or not 1 <= samples <= capacity:
+            raise WireError(f"input claims {samples!r} samples; one ciphertext of this program holds 1 to {capacity}")
+        raw = box.sections["ct0"]
+        try:
+            ct = self._rlwe.Ciphertext.unmarshal_binary(raw)
+            level = ct.level()
+            ct.close()
+        except Exception as exc:
+            raise WireError(f"input is not a Lattigo ciphertext: {exc}") from exc
+        if level != self._lowered.input_level:
+            raise WireError(f"input ciphertext is at level {level}; this program takes fresh ones at level "
+                            f"{self._lowered.input_level}")
+        return raw, samples
+
+    def run(self, data: bytes) -> bytes:
+        raw, samples = self._load_input(data)
+        t0 = time.perf_counter()
+        with self._lock:
+            try:
+                outs = self._evaluator.forward(self._model, [raw])
+            except Exception as exc:  # the evaluator's own checks: scale, level, size, missing keys
+                raise WireError(f"Lattigo refused the input: {exc}") from exc
+        seconds = time.perf_counter() - t0
+        self.last_run = self._run_stats(seconds, dict(self._lowered.counts), {})
+        header = {"program_id": self.program.program_id, "params": fingerprint_params(self.program.params),
+                  "backend": NAME, "role": "output", "count": 1, "samples": samples}
+        log.info("evaluated program %s on Lattigo in %.2f s", self.program.program_id, seconds)
+        return pack(KIND_CIPHERTEXT, header, {"ct0": outs[0]})
+
+
+BACKEND = Backend(NAME, "Lattigo v6 (hoisted BSGS) through the orion-v2 wheels", ("single",), _available, _prepare,
+                  LattigoClient, LattigoServer)

@@ -1,0 +1,222 @@
+"""Lower a single-layout polyfhe program to the Orion v2 model container run by Lattigo's evaluator.
+
+Pure data work (numpy, struct, json): no engine import, so exports and tests run without the wheels.
+
+The container is ``b"ORION\\0\\2\\0"`` | header length (uint32 LE) | JSON header | blob count (uint32 LE) | blobs,
+each ``length (uint64 LE) | bytes``. A diagonal blob is ``n (uint32) | n indices (int32) | n x slots float64``;
+a bias blob is ``slots x float64``. Graph nodes used here: ``flatten`` (the input), ``linear_transform``
+(one input register times a diagonal matrix, hoisted baby-step giant-step, one rescale, bias, then
+``output_rotations`` doublings by ``slots/2, slots/4, ...``), ``add``, ``mult`` and ``quad``.
+
+Semantics matched to polyfhe's executor (``polyfhe.fhe.execute._single_linear``):
+- polyfhe stores each diagonal pre-rotated for its own giant step; Lattigo wants plain diagonals and pre-rotates
+  them itself, so the giant-step roll is undone here.
+- polyfhe sums ``space/period`` partial blocks with rotations by ``period, 2*period, ...``; the evaluator can only
+  rotate by ``slots/2, slots/4, ...``. With ``period == space`` nothing is summed and the tiled diagonals carry
+  over unchanged; otherwise the diagonals are kept in the first ``space`` block only and the evaluator sums all
+  ``slots/period`` blocks, which gives the same result replicated with the same period. The bias is added before
+  those rotations, so it is kept in the first ``period`` block only.
+- ``k`` interleaved samples per ciphertext: a virtual rotation by r is a real one by ``r*k`` and every virtual
+  slot vector is repeated k times.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["LattigoModel", "bsgs_rotations", "galois_element", "lattigo_params", "lower_program"]
+
+MAGIC = b"ORION\x00\x02\x00"
+GALOIS_GENERATOR = 5  # Lattigo's rotation generator (SEAL uses 3)
+INPUT_NODE = "input"
+# Relative costs for choosing the baby-step giant-step ratio: a giant step is a full key switch, a baby step
+# a hoisted one (the input's decomposition is shared), a new key costs upload bytes and keygen time once.
+GIANT_COST, BABY_COST, NEW_KEY_COST = 1.0, 0.4, 0.5
+LOG_RATIOS = (-1, 0, 1, 2, 3, 4, 5)  # -1: no BSGS, every diagonal is a hoisted rotation
+
+
+def galois_element(step: int, poly_modulus_degree: int) -> int:
+    """Lattigo's Galois element for a left rotation by ``step`` slots: 5^step mod 2N."""
+    return pow(GALOIS_GENERATOR, step % (poly_modulus_degree // 2), 2 * poly_modulus_degree)
+
+
+def lattigo_params(params) -> dict:
+    """The evaluator's parameter dict for polyfhe's :class:`~polyfhe.fhe.params.CKKSParams`.
+
+    Same ring and primes as the SEAL program: ``logq`` = output prime + one prime per level, ``logp`` = the
+    special prime. ``h``: a fixed-weight ternary secret with two thirds of the coefficients non-zero, the weight a
+    uniform ternary secret (the HE standard's model) has on average.
+    """
+    bits = list(params.coeff_mod_bits)
+    n = params.poly_modulus_degree
+    return {"logn": int(math.log2(n)), "logq": bits[:-1], "logp": bits[-1:], "log_default_scale": params.scale_bits,
+            "h": (2 * n) // 3, "ring_type": "standard", "boot_logp": None}
+
+
+def _bsgs_index(diags: list[int], slots: int, n1: int) -> tuple[list[int], list[int]]:
+    giants, babies = set(), set()
+    for rot in diags:
+        rot &= slots - 1
+        giants.add(((rot // n1) * n1) & (slots - 1))
+        babies.add(rot & (n1 - 1))
+    return sorted(giants), sorted(babies)
+
+
+def _best_n1(diags: list[int], slots: int, log_ratio: int) -> int:
+    """Lattigo's ``FindBestBSGSRatio``, with Go's float semantics (x/0 = +Inf, 0/0 = NaN)."""
+    max_ratio = float(1 << log_ratio)
+    n1 = 1
+    while n1 < slots:
+        giants, babies = _bsgs_index(diags, slots, n1)
+        n_giant, n_baby = len(giants) - 1, len(babies) - 1
+        ratio = (n_baby / n_giant) if n_giant else (math.inf if n_baby else math.nan)
+        if ratio == max_ratio:
+            return n1
+        if ratio > max_ratio:
+            return n1 // 2
+        n1 <<= 1
+    return 1
+
+
+def bsgs_rotations(diags: list[int], slots: int, log_ratio: int) -> tuple[list[int], list[int]]:
+    """(giant, baby) rotation steps Lattigo uses for these diagonal indices (0 excluded: no key needed)."""
+    if log_ratio < 0:
+        return [], sorted({d & (slots - 1) for d in diags} - {0})
+    n1 = _best_n1(diags, slots, log_ratio)
+    giants, babies = _bsgs_index(diags, slots, n1)
+    return [g for g in giants if g], [b for b in babies if b]
+
+
+def _choose_ratio(diags: list[int], slots: int, keys: set[int]) -> tuple[int, set[int], float]:
+    best = None
+    for log_ratio in LOG_RATIOS:
+        giants, babies = bsgs_rotations(diags, slots, log_ratio)
+        steps = set(giants) | set(babies)
+        cost = GIANT_COST * len(giants) + BABY_COST * len(babies) + NEW_KEY_COST * len(steps - keys)
+        if best is None or cost < best[2]:
+            best = (log_ratio, steps, cost)
+    return best
+
+
+@dataclass
+class LattigoModel:
+    """The lowered program: container bytes, the rotation steps it needs keys for, and what it does."""
+
+    data: bytes
+    galois_steps: tuple[int, ...]
+    needs_relin: bool
+    input_level: int
+    counts: dict = field(default_factory=dict)
+
+
+class _Builder:
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.nodes: list[dict] = []
+        self.edges: list[dict] = []
+        self.blobs: list[bytes] = []
+
+    def blob(self, data: bytes) -> int:
+        self.blobs.append(data)
+        return len(self.blobs) - 1
+
+    def node(self, name: str, op: str, inputs: list[str], level: int, depth: int = 0, config: dict | None = None,
+             blob_refs: dict | None = None) -> str:
+        self.nodes.append({"name": name, "op": op, "level": level, "depth": depth, "shape": {},
+                           "config": config or {}, "blob_refs": blob_refs or {}})
+        self.edges.extend({"src": src, "dst": name} for src in inputs)
+        return name
+
+    def diagonal_blob(self, ks: np.ndarray, diags: np.ndarray) -> int:
+        head = struct.pack("<I", len(ks)) + np.asarray(ks, dtype="<i4").tobytes()
+        return self.blob(head + np.ascontiguousarray(diags, dtype="<f8").tobytes())
+
+
+def _plain_diagonals(ks: np.ndarray, stored: np.ndarray, baby: int) -> np.ndarray:
+    """Undo polyfhe's giant-step pre-rotation: row i was rolled by ``(k_i // baby) * baby``."""
+    giants = (ks // baby) * baby
+    return np.stack([np.roll(d, -int(g)) for d, g in zip(stored, giants, strict=True)]) if len(ks) else stored
+
+
+def lower_program(program) -> LattigoModel:
+    """The Orion v2 container for a single-layout ``program``; raises ``ValueError`` for what it cannot hold."""
+    m = program.manifest
+    if m.layout != "single":
+        raise ValueError("the Lattigo backend runs the single layout (one sample packed across the slots); "
+                         f"this program uses layout={m.layout!r}: export it with layout='single'")
+    params, lanes = m.params, m.samples_per_ciphertext
+    slots, virtual = params.slots, m.virtual_slots
+    top = params.levels
+    b = _Builder(slots)
+    names = {0: b.node(INPUT_NODE, "flatten", [], top)}
+    keys: set[int] = set()
+    counts = {"linear_transforms": 0, "diagonals": 0, "giant_rotations": 0, "baby_rotations": 0,
+              "output_rotations": 0, "products": 0}
+    for i, step in enumerate(m.steps):
+        if step.op == "mul":
+            a, c = (names[r] for r in step.inputs)
+            op, inputs = ("quad", [a]) if a == c else ("mult", [a, c])
+            names[step.out] = b.node(f"s{i}", op, inputs, top - step.level)
+            counts["products"] += 1
+            continue
+        if step.op != "linear":
+            raise ValueError(f"step {i} ({step.op}) has no Lattigo lowering")
+        attrs = step.attrs
+        period, space, baby = int(attrs["period"]), int(attrs.get("space", virtual)), int(attrs["baby"])
+        reduce = period < space
+        doublings = int(math.log2(virtual // period)) if reduce else 0
+        level = top - (step.level - 1)
+        parts = []
+        for j, term in enumerate(attrs["terms"]):
+            ks = np.asarray(program.arrays[term["ks"]], dtype=np.int64)
+            diags = _plain_diagonals(ks, program.arrays[term["diags"]], baby)
+            if reduce:  # keep the first ``space`` block: the evaluator's doublings sum every block
+                diags = diags.copy()
+                diags[:, space:] = 0.0
+            real_ks = (ks * lanes) % slots
+            real = np.repeat(diags, lanes, axis=1) if lanes > 1 else diags
+            log_ratio, steps, _ = _choose_ratio([int(k) for k in real_ks], slots, keys)
+            keys |= steps
+            giants, babies = bsgs_rotations([int(k) for k in real_ks], slots, log_ratio)
+            refs = {"diag_0_0": b.diagonal_blob(real_ks, real)}
+            if j == 0 and attrs.get("bias"):
+                bias = np.asarray(program.arrays[attrs["bias"]], dtype=np.float64)[:virtual].copy()
+                if reduce:
+                    bias[period:] = 0.0
+                refs["bias_0"] = b.blob(np.repeat(bias, lanes).astype("<f8").tobytes())
+            config = {"bsgs_ratio": float(2.0**log_ratio), "output_rotations": doublings, "num_input_cts": 1,
+                      "num_output_cts": 1}
+            parts.append(b.node(f"s{i}t{j}", "linear_transform", [names[term["input"]]], level, 1, config, refs))
+            counts["linear_transforms"] += 1
+            counts["diagonals"] += len(ks)
+            counts["giant_rotations"] += len(giants)
+            counts["baby_rotations"] += len(babies)
+            counts["output_rotations"] += doublings
+        if doublings:
+            keys |= {slots >> (d + 1) for d in range(doublings)}
+        out = parts[0]
+        for j, part in enumerate(parts[1:], start=1):
+            out = b.node(f"s{i}a{j}", "add", [out, part], level - 1)
+        names[step.out] = out
+    galois_steps = tuple(sorted(keys))
+    needs_relin = counts["products"] > 0
+    header = {
+        "version": 2, "params": lattigo_params(params),
+        "config": {"margin": 1, "embedding_method": "hybrid", "fuse_modules": True},
+        "manifest": {"galois_elements": [galois_element(s, params.poly_modulus_degree) for s in galois_steps],
+                     "bootstrap_slots": [], "boot_logp": None, "needs_rlk": needs_relin},
+        "input_level": top, "cost": {"bootstrap_count": 0, "galois_key_count": len(galois_steps),
+                                     "bootstrap_key_count": 0},
+        "graph": {"input": INPUT_NODE, "output": names[m.output], "nodes": b.nodes, "edges": b.edges},
+        "blob_count": len(b.blobs),
+    }
+    raw = json.dumps(header).encode()
+    chunks = [MAGIC, struct.pack("<I", len(raw)), raw, struct.pack("<I", len(b.blobs))]
+    for blob in b.blobs:
+        chunks += [struct.pack("<Q", len(blob)), blob]
+    return LattigoModel(b"".join(chunks), galois_steps, needs_relin, top, counts)
