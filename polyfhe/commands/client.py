@@ -56,9 +56,9 @@ def run_infer(args: argparse.Namespace) -> int:
             except RunInputError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return EXIT_BAD_INPUT
-            from polyfhe.fhe.client import CKKSClient
+            from polyfhe.fhe.backends import client_for
 
-            with api.open_session(args.model, keys=CKKSClient(manifest)) as session:
+            with api.open_session(args.model, keys=client_for(manifest)) as session:
                 head = {"server": api.url, "model": args.model, "program_id": manifest.program_id,
                         "session": {"keygen_s": session.keygen_seconds, "context_bytes": session.context_bytes,
                                     "upload_s": session.upload_seconds}}

@@ -48,6 +48,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
     p.add_argument("--layout", choices=("single", "batch"), default="single",
                    help="ckks: one sample per ciphertext (low latency) or one sample per slot (throughput)")
+    from polyfhe.fhe.backends import BACKEND_NAMES, DEFAULT_BACKEND
+
+    p.add_argument("--backend", choices=BACKEND_NAMES, default=DEFAULT_BACKEND,
+                   help="ckks: the engine that makes the keys and runs the program (lattigo: single layout, "
+                        "hoisted rotations)")
     p.add_argument("--samples-per-ciphertext", type=power_of_two, metavar="K",
                    help="single layout: interleave K samples per ciphertext (a power of two; default: as many "
                         "as fit beside the widest tensor)")
@@ -264,12 +269,23 @@ def _export_ckks(console: Any, model: Any, name: str, shape: tuple[int, ...] | N
 
     kwargs = {} if isinstance(model, Path) else {"input_shape": shape}
     program = export_ckks(model, calibration=calibration, layout=args.layout,
-                          samples_per_ciphertext=args.samples_per_ciphertext, **kwargs)
+                          samples_per_ciphertext=args.samples_per_ciphertext, backend=args.backend, **kwargs)
     program.save(args.out)
     console.print(summary_table(program, args.out, name))
     console.print(f"[green]saved[/] CKKS program to {args.out}; run it with "
                   f"`polyfhe run {args.out} --input IMAGE.png|X.npy`")
     return 0
+
+
+def _engine_rows(backend: str, facts: dict | None) -> list[tuple[str, Any]]:
+    """What the engine's own lowering does per query (Lattigo: hoisted baby steps, full giant steps)."""
+    if not facts:
+        return []
+    work = (f"{facts.get('linear_transforms', 0)} linear transforms, {facts.get('giant_rotations', 0)} giant + "
+            f"{facts.get('output_rotations', 0)} replication rotations, {facts.get('baby_rotations', 0)} hoisted "
+            f"baby steps, {facts.get('products', 0)} ct x ct products")
+    return [(f"{backend} per query", work),
+            (f"{backend} modulus", f"{facts.get('modulus_bits', '-')} bits (the engine's own primes)")]
 
 
 def summary_table(program: Any, out: Path, name: str) -> Any:
@@ -283,7 +299,7 @@ def summary_table(program: Any, out: Path, name: str) -> Any:
     ciphertexts = 1 if m.layout == "single" else m.input_size
     disk = sum(f.stat().st_size for f in Path(out).iterdir() if f.is_file())
     rows = [
-        ("model", name), ("program id", m.program_id), ("layout", m.layout),
+        ("model", name), ("program id", m.program_id), ("backend", m.backend), ("layout", m.layout),
         ("input shape", " x ".join(map(str, m.input_shape))), ("outputs", m.output_size),
         ("ring N", p.poly_modulus_degree), ("slots", p.slots),
         ("samples per ciphertext", m.samples_per_ciphertext if m.layout == "single" else f"up to {p.slots}"),
@@ -295,6 +311,7 @@ def summary_table(program: Any, out: Path, name: str) -> Any:
         ("plaintext diagonals", info.get("plaintext_diagonals", "-")), ("Galois keys", len(m.galois_steps)),
         ("planned per query", _planned(info.get("planned"))),
         ("fallbacks", "; ".join(info.get("fallbacks", [])) or "none"),
+        *_engine_rows(m.backend, info.get(m.backend)),
         ("calibration", f"{info.get('samples', 0)} samples, inputs in "
          f"[{m.input_range[0]:.3g}, {m.input_range[1]:.3g}]" if info.get("calibrated")
          else "none (assumed inputs in [0, 1])"),

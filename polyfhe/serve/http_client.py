@@ -150,11 +150,11 @@ class ServeClient:
         return manifest
 
     def open_session(self, model: str, keys: Any = None, allow_insecure: bool = False) -> RemoteSession:
-        """Make keys (or use ``keys``, a CKKSClient for this model) and upload the public context once."""
-        from polyfhe.fhe.client import CKKSClient
+        """Make keys (or use ``keys``, a client for this model) and upload the public context once."""
+        from polyfhe.fhe.backends import client_for
 
         if keys is None:
-            keys = CKKSClient(self.manifest(model, allow_insecure))
+            keys = client_for(self.manifest(model, allow_insecure))
         context = keys.public_context()
         t0 = time.perf_counter()
         info = self.request("POST", "/v1/sessions", params={"model": model}, content=context,

@@ -14,7 +14,7 @@ import importlib
 
 from polyfhe.fhe.backends.base import Backend, BackendUnavailable
 
-__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "get_backend", "list_backends"]
+__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "client_for", "get_backend", "list_backends"]
 
 # name -> module defining ``BACKEND``; imported on first use so a missing engine only fails when it is asked for
 _MODULES = {"seal": "polyfhe.fhe.backends.seal", "lattigo": "polyfhe.fhe.backends.lattigo"}
@@ -30,6 +30,11 @@ def get_backend(name: str) -> Backend:
     if name not in _LOADED:
         _LOADED[name] = importlib.import_module(_MODULES[name]).BACKEND
     return _LOADED[name]
+
+
+def client_for(manifest, **kwargs):
+    """The key holder for a program's manifest, from the engine the manifest names."""
+    return get_backend(manifest.backend).client(manifest, **kwargs)
 
 
 def list_backends() -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from dataclasses import replace
@@ -33,9 +34,17 @@ NAME = "lattigo"
 INSTALL_HINT = "pip install orion-v2-lattigo orion-v2-evaluator (Python >= 3.11, Linux x86-64 or macOS wheels)"
 DEFAULT_MAX_CONTEXT_BYTES = 4 << 30
 DEFAULT_MAX_CIPHERTEXT_BYTES = 1 << 30
+DEFAULT_GO_MEMORY_LIMIT = "3GiB"  # per Go runtime; set GOMEMLIMIT yourself to change it
+
+
+def _go_memory_limit() -> None:
+    """Each wheel is a Go runtime with its own garbage collector, which by default lets the heap grow to twice
+    what is live; a soft limit (read once, when the library loads) keeps a server near its keys and model."""
+    os.environ.setdefault("GOMEMLIMIT", DEFAULT_GO_MEMORY_LIMIT)
 
 
 def _client_lib():
+    _go_memory_limit()
     try:
         from lattigo import ckks, rlwe
     except ImportError as exc:
@@ -45,6 +54,7 @@ def _client_lib():
 
 
 def _evaluator_lib():
+    _go_memory_limit()
     try:
         import orion_evaluator
     except ImportError as exc:

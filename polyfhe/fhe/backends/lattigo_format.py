@@ -37,7 +37,9 @@ INPUT_NODE = "input"
 # Relative costs for choosing the baby-step giant-step ratio: a giant step is a full key switch, a baby step
 # a hoisted one (the input's decomposition is shared), a new key costs upload bytes and keygen time once.
 GIANT_COST, BABY_COST, NEW_KEY_COST = 1.0, 0.4, 0.5
-LOG_RATIOS = (-1, 0, 1, 2, 3, 4, 5)  # -1: no BSGS, every diagonal is a hoisted rotation
+# log2 of the baby/giant ratio Lattigo aims for. Not -1 (no BSGS): Lattigo's plain diagonal product returned
+# garbage here on an input above the map's level (measured with orion-v2-evaluator 2.1.8), so it is never emitted.
+LOG_RATIOS = (0, 1, 2, 3, 4, 5)
 
 
 def galois_element(step: int, poly_modulus_degree: int) -> int:
@@ -220,3 +222,56 @@ def lower_program(program) -> LattigoModel:
     for blob in b.blobs:
         chunks += [struct.pack("<Q", len(blob)), blob]
     return LattigoModel(b"".join(chunks), galois_steps, needs_relin, top, counts)
+
+
+def parse_container(data: bytes) -> tuple[dict, list[bytes]]:
+    """(header, blobs) of a container made by :func:`lower_program` (bounded: lengths checked against ``data``)."""
+    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 4:
+        raise ValueError("not an Orion v2 model container")
+    (size,) = struct.unpack_from("<I", data, len(MAGIC))
+    pos = len(MAGIC) + 4
+    header = json.loads(data[pos:pos + size])
+    pos += size
+    (count,) = struct.unpack_from("<I", data, pos)
+    pos += 4
+    blobs = []
+    for _ in range(count):
+        (length,) = struct.unpack_from("<Q", data, pos)
+        pos += 8
+        if pos + length > len(data):
+            raise ValueError("truncated Orion v2 model container")
+        blobs.append(data[pos:pos + length])
+        pos += length
+    return header, blobs
+
+
+def run_container_plain(data: bytes, vec: np.ndarray) -> np.ndarray:
+    """The evaluator's semantics on plain slot vectors: the reference for :func:`lower_program` without Lattigo."""
+    header, blobs = parse_container(data)
+    slots = len(vec)
+    preds: dict[str, list[str]] = {}
+    for edge in header["graph"]["edges"]:
+        preds.setdefault(edge["dst"], []).append(edge["src"])
+    values: dict[str, np.ndarray] = {}
+    for node in header["graph"]["nodes"]:  # lower_program emits nodes in a topological order
+        name, op, ins = node["name"], node["op"], [values[p] for p in preds.get(node["name"], [])]
+        if op == "flatten":
+            values[name] = (ins[0] if ins else vec).copy()
+        elif op == "quad":
+            values[name] = ins[0] * ins[0]
+        elif op in ("mult", "add"):
+            values[name] = ins[0] * ins[1] if op == "mult" else ins[0] + ins[1]
+        elif op == "linear_transform":
+            raw = blobs[node["blob_refs"]["diag_0_0"]]
+            (n,) = struct.unpack_from("<I", raw)
+            ks = np.frombuffer(raw, "<i4", n, 4)
+            diags = np.frombuffer(raw, "<f8", n * slots, 4 + 4 * n).reshape(n, slots)
+            out = sum((d * np.roll(ins[0], -int(k)) for k, d in zip(ks, diags, strict=True)), np.zeros(slots))
+            if "bias_0" in node["blob_refs"]:
+                out = out + np.frombuffer(blobs[node["blob_refs"]["bias_0"]], "<f8")
+            for i in range(int(node["config"]["output_rotations"])):
+                out = out + np.roll(out, -(slots >> (i + 1)))
+            values[name] = out
+        else:
+            raise ValueError(f"node {name}: op {op!r} is not one lower_program emits")
+    return values[header["graph"]["output"]]
