@@ -13,6 +13,8 @@ import pytest
 from graph_gen import ALL_KINDS, MAX_PRODUCTS, calibration_inputs, onnx_reference, random_model, torch_forward
 
 import polyfhe
+from polyfhe.fhe.backends.lattigo_format import lower_program, run_container_plain
+from polyfhe.fhe.execute import pack_single, unpack_single
 
 # Chosen from seeds 0-699 (all compile and match, with one and with several samples per ciphertext, except 455,
 # whose output is constant: three shifts empty its 2x2 image, and the compiler refuses the zero map) so that
@@ -60,6 +62,14 @@ def _check_manifest(prog, graph, report) -> None:
     assert isinstance(diagonals, int) and not isinstance(diagonals, bool) and diagonals > 0
 
 
+def _lattigo_plain(prog, x: np.ndarray) -> np.ndarray:
+    """The program as lowered for Lattigo's evaluator, run with the evaluator's semantics on plain slots."""
+    data = lower_program(prog).data
+    lanes, flat = prog.manifest.samples_per_ciphertext, x.reshape(len(x), -1)
+    return np.concatenate([unpack_single(prog.manifest, run_container_plain(data, pack_single(prog.manifest, chunk)),
+                                         len(chunk)) for chunk in (flat[i:i + lanes] for i in range(0, len(x), lanes))])
+
+
 def _seed_id(seed: int) -> str:
     return f"seed{seed}"
 
@@ -73,6 +83,7 @@ def test_random_graph_single_layout_matches_onnx(seed, tmp_path):
     want, report = _reference(graph, tmp_path, x)
     assert prog.manifest.samples_per_ciphertext == 1
     _assert_close(prog.run_plain(x), want, graph)
+    _assert_close(_lattigo_plain(prog, x), want, graph)
     _check_manifest(prog, graph, report)
 
 
@@ -88,6 +99,7 @@ def test_random_graph_several_samples_per_ciphertext(seed, tmp_path):
     x = _test_inputs(graph, 2 * lanes + 3)  # two full ciphertexts and a partly filled one
     want, report = _reference(graph, tmp_path, x)
     _assert_close(prog.run_plain(x), want, graph)
+    _assert_close(_lattigo_plain(prog, x), want, graph)
     _check_manifest(prog, graph, report)
     # Each sample's lane is independent of its neighbours: a sample alone gives the same output as in a crowd.
     np.testing.assert_allclose(prog.run_plain(x[lanes + 1:lanes + 2]), prog.run_plain(x)[lanes + 1:lanes + 2],
@@ -95,9 +107,11 @@ def test_random_graph_several_samples_per_ciphertext(seed, tmp_path):
 
 
 @pytest.mark.fhe
-def test_random_graph_encrypted_round_trip():
+@pytest.mark.parametrize("backend", ["seal", "lattigo"])
+def test_random_graph_encrypted_round_trip(backend):
     graph = random_model(ENCRYPTED_SEED)
-    prog = polyfhe.export(graph.model, target="ckks", layout="single", calibration=calibration_inputs(graph))
+    prog = polyfhe.export(graph.model, target="ckks", layout="single", calibration=calibration_inputs(graph),
+                          backend=backend)
     lanes = prog.manifest.samples_per_ciphertext
     x = _test_inputs(graph, min(lanes, 3))
     client = prog.client()

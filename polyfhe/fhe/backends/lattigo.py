@@ -24,7 +24,7 @@ from polyfhe.fhe.backends.lattigo_format import LattigoModel, galois_element, la
 from polyfhe.fhe.client import InputError, check_input, check_result
 from polyfhe.fhe.execute import pack_single, unpack_single
 from polyfhe.fhe.params import MAX_BITS_128, ParameterError, fingerprint_params
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
+from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, WireError, pack, unpack
 
 __all__ = ["BACKEND", "LattigoClient", "LattigoServer", "modulus_bits"]
 
@@ -143,6 +143,11 @@ class LattigoClient:
         header = {**self._header, "params_full": self.manifest.params.to_dict(),
                   "galois_steps": list(self.manifest.galois_steps)}
         return pack(KIND_CONTEXT, header, {"evaluation_keys": self._evaluation_keys})
+
+    def secret_context(self) -> bytes:
+        """A private backup holding the secret key; keep it on the client, never upload it (servers refuse it)."""
+        header = {**self._header, "params_full": self.manifest.params.to_dict()}
+        return pack(KIND_SECRET, header, {"secret_key": self._secret_key.marshal_binary()})
 
     def encrypt(self, x) -> bytes:
         arr = check_input(self.manifest, x)
