@@ -3,6 +3,7 @@
     python bench/ckks_plans.py                                  # every case, 100 images, baseline = HEAD~ (see --baseline)
     python bench/ckks_plans.py --cases user_monet --images 20 --baseline-images 2
     python bench/ckks_plans.py --baseline none                  # this tree only
+    python bench/ckks_plans.py --backend seal lattigo           # both engines (and the baseline on SEAL), one run
 
 Cases: ``user_monet`` (a MONet-BN written as plain torch code, ``user_models.py``, trained briefly on
 Fashion-MNIST), ``monet_fhe_bn`` and ``cpolynext_fhe_bn`` (zoo recipes at 28x28, BatchNorm statistics from the
@@ -101,16 +102,17 @@ def _rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def stage_compile(folder: Path, out: Path) -> dict:
+def stage_compile(folder: Path, out: Path, backend: str = "seal") -> dict:
     import torch
 
     import polyfhe
 
     model = torch.load(folder / "model.pt", weights_only=False)
     data = np.load(folder / "data.npz")
+    engine = {} if backend == "seal" else {"backend": backend}  # a baseline tree may predate engines
     start = time.perf_counter()
     prog = polyfhe.export(model, target="ckks", calibration=data["calibration"],
-                          input_shape=tuple(data["calibration"].shape[1:]))
+                          input_shape=tuple(data["calibration"].shape[1:]), **engine)
     seconds = time.perf_counter() - start
     prog.save(out)
     info = prog.manifest.info
@@ -200,12 +202,13 @@ def tree_env(tree: Path | None) -> dict:
     return env
 
 
-def measure(case: str, folder: Path, tree: Path | None, images: int) -> dict:
+def measure(case: str, folder: Path, tree: Path | None, images: int, backend: str = "seal") -> dict:
     env = tree_env(tree)
-    program = folder / ("program-base" if tree else "program")
-    result = {"case": case, "tree": "baseline" if tree else "this"}
+    program = folder / (f"program-base-{backend}" if tree else f"program-{backend}")
+    result = {"case": case, "tree": "baseline" if tree else "this", "backend": backend,
+              "column": f"{'baseline' if tree else 'this tree'} / {backend}"}
     try:
-        result.update(_run_stage(["compile", str(folder), str(program)], env))
+        result.update(_run_stage(["compile", str(folder), str(program), backend], env))
         result.update(_run_stage(["client", str(folder), str(program), str(images)], env))
     except subprocess.CalledProcessError as exc:
         result["error"] = f"stage failed with exit {exc.returncode}"
@@ -231,24 +234,26 @@ def render(info: dict, results: list[dict]) -> str:
               f"Python {info['python']}; baseline: {info.get('baseline')}; "
               "cold = first query, warm = median of the rest")]
     for case in dict.fromkeys(r["case"] for r in results):
-        pair = {r["tree"]: r for r in results if r["case"] == case}
-        lines += ["", f"## {case}", "", "| | this tree | baseline |", "|---|---:|---:|"]
+        pair = {r["column"]: r for r in results if r["case"] == case}
+        columns = list(pair)
+        lines += ["", f"## {case}", "", "| | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
         for key, label, fmt in ROWS:
-            cells = [fmt.format(pair[t][key]) if t in pair and pair[t].get(key) is not None else "-"
-                     for t in ("this", "baseline")]
-            lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
-        for t, r in pair.items():
+            cells = [fmt.format(pair[c][key]) if pair[c].get(key) is not None else "-" for c in columns]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        for c, r in pair.items():
             if "error" in r:
-                lines.append(f"| error ({t}) | {r['error']} | |")
+                lines.append(f"| error ({c}) | {r['error']} |" + " |" * (len(columns) - 1))
         target = TARGETS.get(case)
-        mine = pair.get("this", {})
-        if target and "per_image_s" in mine:
+        for column in [c for c in columns if pair[c]["tree"] == "this" and "per_image_s" in pair[c]]:
+            if not target:
+                break
+            mine = pair[column]
             checks = [("time per image", mine["per_image_s"], target[0]),
                       ("plaintext diagonals", mine.get("plaintext_diagonals"), target[1]),
                       ("compile s", mine.get("compile_s"), target[2]),
                       ("server RSS GB", mine.get("server_rss_gb"), target[3])]
             lines.append("")
-            lines += [f"- target {name} <= {bound}: {value:.3g} {'met' if value <= bound else 'MISSED'}"
+            lines += [f"- {column}: target {name} <= {bound}: {value:.3g} {'met' if value <= bound else 'MISSED'}"
                       for name, value, bound in checks if bound is not None and value is not None]
     return "\n".join(lines)
 
@@ -263,10 +268,12 @@ def plot(results: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, label in ((axes[0], "per_image_s", "warm seconds per image"),
                            (axes[1], "plaintext_diagonals", "plaintext diagonals")):
-        for offset, tree in ((-0.2, "baseline"), (0.2, "this")):
-            values = [next((r.get(key) or 0 for r in results if r["case"] == c and r["tree"] == tree), 0)
+        columns = list(dict.fromkeys(r["column"] for r in results))
+        width = 0.8 / len(columns)
+        for i, column in enumerate(columns):
+            values = [next((r.get(key) or 0 for r in results if r["case"] == c and r["column"] == column), 0)
                       for c in cases]
-            ax.bar(np.arange(len(cases)) + offset, values, width=0.4, label=tree)
+            ax.bar(np.arange(len(cases)) + (i - (len(columns) - 1) / 2) * width, values, width=width, label=column)
         ax.set_xticks(range(len(cases)), cases, rotation=20)
         ax.set_yscale("log")
         ax.set_title(label)
@@ -281,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=100, help="test images run encrypted per case (this tree)")
     parser.add_argument("--baseline", default="HEAD~", help="git ref of the baseline tree, or 'none'")
     parser.add_argument("--baseline-images", type=int, default=2, help="images for the baseline (slow)")
+    parser.add_argument("--backend", nargs="+", choices=("seal", "lattigo"), default=["seal"],
+                        help="engines to run this tree's programs on (the baseline runs on SEAL)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--stage", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--stage-out", help=argparse.SUPPRESS)
@@ -288,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.stage:
         kind, *rest = args.stage
-        fn = {"compile": lambda: stage_compile(Path(rest[0]), Path(rest[1])),
+        fn = {"compile": lambda: stage_compile(Path(rest[0]), Path(rest[1]), *rest[2:]),
               "server": lambda: stage_server(Path(rest[0]), Path(rest[1])),
               "client": lambda: stage_client(Path(rest[0]), Path(rest[1]), dict(os.environ), int(rest[2]))}[kind]
         Path(args.stage_out).write_text(json.dumps(fn()))
@@ -303,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
             for case in args.cases:
                 folder = Path(tmp) / case
                 make_case(case, folder, args.images)
-                log.warning("%s: measuring this tree on %d images", case, args.images)
-                results.append(measure(case, folder, None, args.images))
+                for backend in args.backend:
+                    log.warning("%s: measuring this tree on %s, %d images", case, backend, args.images)
+                    results.append(measure(case, folder, None, args.images, backend))
                 if base is not None:
                     log.warning("%s: measuring the baseline on %d images", case, args.baseline_images)
                     results.append(measure(case, folder, base, min(args.baseline_images, args.images)))
