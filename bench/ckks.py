@@ -3,6 +3,8 @@
     python bench/ckks.py                 # (a) 784->128 layer at N=8192, (b) digits MLP 64->32->x^2->10
     python bench/ckks.py --quick         # smoke run: the digits MLP with a small batch
     python bench/ckks.py --model monet_fhe_bn   # (c) adds an FHE-sized zoo model or checkpoint folder
+    python bench/ckks.py --backend seal lattigo # the engines side by side: runs bench/ckks_plans.py's cases
+                                                # (user MONet, monet_fhe_bn, digits MLP) on each, one run
 
 Every case runs in a fresh process (so peak RSS is the case's own) and reports key generation, key and
 ciphertext sizes, single-sample latency (cold = first run, plaintext diagonals encoded on the fly; warm =
@@ -361,7 +363,16 @@ def main(argv: list[str] | None = None) -> int:
                                              "slots (default: all slots; --quick: 256; 0 skips it)")
     p.add_argument("--warm-runs", type=int, default=5, help="single-sample runs after the cold one")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for ckks_bench.json and .png")
-    args = p.parse_args(argv)
+    p.add_argument("--backend", nargs="+", choices=("seal", "lattigo"),
+                   help="compare engines on the same programs (delegates to bench/ckks_plans.py; --images there)")
+    args, rest = p.parse_known_args(argv)
+    if args.backend:
+        import ckks_plans
+
+        return ckks_plans.main(["--backend", *args.backend, "--out", str(args.out),
+                                *(rest or ["--cases", "user_monet", "monet_fhe_bn", "digits_mlp"])])
+    if rest:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
     cases = args.cases or (["digits_mlp"] if args.quick else ["layer784", "digits_mlp"])
     opts = {"batch": 256 if args.quick else MAX_BATCH, "warm_runs": 2 if args.quick else args.warm_runs,
             "estimate_naive": False}

@@ -91,6 +91,26 @@ def test_run_npy_and_png_match_plaintext_class(exported, tmp_path, capsys):
 
 
 @pytest.mark.fhe
+def test_export_and_run_on_the_lattigo_backend(exported, tmp_path, capsys):
+    onnx_path, _, x = exported
+    prog = tmp_path / "lattigo"
+    assert main(["export", str(onnx_path), "--out", str(prog), "--backend", "lattigo",
+                 "--calibration", str(onnx_path.parent / "calib.npy")]) == 0
+    out = capsys.readouterr().out
+    assert "lattigo per query" in out and "hoisted baby steps" in out
+    assert json.loads((prog / "manifest.json").read_text())["backend"] == "lattigo"
+    sample = _clear_winner(onnx_path, x[:16])
+    np.save(tmp_path / "x.npy", sample)
+    assert main(["run", str(prog), "--input", str(tmp_path / "x.npy"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["classes"] == [int(np.argmax(_onnx_logits(onnx_path, sample)))]
+    assert result["max_abs_error"] < 1e-3
+    with pytest.raises(SystemExit):
+        main(["export", str(onnx_path), "--out", str(tmp_path / "x"), "--backend", "openfhe"])
+    assert "invalid choice: 'openfhe'" in capsys.readouterr().err
+
+
+@pytest.mark.fhe
 def test_run_several_samples_in_one_single_layout_ciphertext(exported, tmp_path, capsys):
     onnx_path, prog, x = exported
     lanes = json.loads((prog / "manifest.json").read_text())["samples_per_ciphertext"]

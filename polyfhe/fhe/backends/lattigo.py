@@ -10,6 +10,7 @@ prime included), against the HE standard's 128-bit bounds.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import os
@@ -43,24 +44,21 @@ def _go_memory_limit() -> None:
     os.environ.setdefault("GOMEMLIMIT", DEFAULT_GO_MEMORY_LIMIT)
 
 
-def _client_lib():
+def _import(module: str, wheel: str, role: str):
     _go_memory_limit()
     try:
-        from lattigo import ckks, rlwe
+        return importlib.import_module(module)
     except ImportError as exc:
-        raise BackendUnavailable(f"the Lattigo backend's client needs the orion-v2-lattigo wheel: {INSTALL_HINT}") \
-            from exc
-    return ckks, rlwe
+        raise BackendUnavailable(f"the Lattigo backend's {role} needs the {wheel} wheel: {INSTALL_HINT}") from exc
+
+
+def _client_lib():
+    """Lattigo's client primitives: (ckks, rlwe)."""
+    return _import("lattigo.ckks", "orion-v2-lattigo", "client"), _import("lattigo.rlwe", "orion-v2-lattigo", "client")
 
 
 def _evaluator_lib():
-    _go_memory_limit()
-    try:
-        import orion_evaluator
-    except ImportError as exc:
-        raise BackendUnavailable(f"the Lattigo backend's server needs the orion-v2-evaluator wheel: {INSTALL_HINT}") \
-            from exc
-    return orion_evaluator
+    return _import("orion_evaluator", "orion-v2-evaluator", "server")
 
 
 def _available() -> None:
