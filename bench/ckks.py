@@ -369,8 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend:
         import ckks_plans
 
-        return ckks_plans.main(["--backend", *args.backend, "--out", str(args.out),
-                                *(rest or ["--cases", "user_monet", "monet_fhe_bn", "digits_mlp"])])
+        cases = [] if "--cases" in rest else ["--cases", "user_monet", "monet_fhe_bn", "digits_mlp"]
+        return ckks_plans.main(["--backend", *args.backend, "--out", str(args.out), *cases, *rest])
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     cases = args.cases or (["digits_mlp"] if args.quick else ["layer784", "digits_mlp"])
