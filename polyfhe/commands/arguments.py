@@ -27,3 +27,13 @@ def power_of_two(text: str) -> int:
     if value & (value - 1):
         raise argparse.ArgumentTypeError(f"expected a power of two (1, 2, 4, ...), got {text}")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
+    return value

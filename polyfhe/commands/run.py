@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from polyfhe.commands.arguments import non_negative_float
 from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES
 from polyfhe.fhe.roundtrip import timed_round_trip
 
-__all__ = ["EXIT_BAD_INPUT", "READERS", "RunInputError", "add_parser", "non_negative_float", "read_input", "run"]
+__all__ = ["EXIT_BAD_INPUT", "READERS", "RunInputError", "add_parser", "read_input", "run"]
 
 EXIT_BAD_INPUT = 2
 MIB = 1 << 20
@@ -46,16 +47,6 @@ def add_parser(subparsers: Any) -> None:
                    metavar="MB", help="memory for encoded plaintext diagonals; past it the cheapest are encoded "
                                       f"again on every run (default {DEFAULT_PLAINTEXT_BYTES / MIB:g} MiB, 0: none)")
     p.set_defaults(func=run)
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
-    return value
 
 
 # ----------------------------------------------------------------------------------------------------------

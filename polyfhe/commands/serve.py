@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from polyfhe.commands.arguments import non_negative_int, positive_int
-from polyfhe.commands.run import non_negative_float
+from polyfhe.commands.arguments import non_negative_float, non_negative_int, positive_int
 from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES
 
 __all__ = ["EXIT_BAD_INPUT", "add_parser", "config_from_args", "run"]

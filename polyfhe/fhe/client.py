@@ -13,7 +13,7 @@ from polyfhe.fhe.program import ProgramManifest
 from polyfhe.fhe.seal_backend import SealContext
 from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, WireError, pack, unpack
 
-__all__ = ["CKKSClient", "InputError", "check_input", "check_result", "galois_element"]
+__all__ = ["CKKSClient", "InputError", "check_input", "check_result", "galois_element", "identity_header"]
 
 log = logging.getLogger(__name__)
 
@@ -22,9 +22,14 @@ class InputError(ValueError):
     """An input of the wrong shape, type or values for the program."""
 
 
-def galois_element(step: int, poly_modulus_degree: int) -> int:
-    """SEAL's Galois element for a left rotation by ``step`` slots (3^step mod 2N)."""
-    return pow(3, step % (poly_modulus_degree // 2), 2 * poly_modulus_degree)
+def galois_element(step: int, poly_modulus_degree: int, generator: int = 3) -> int:
+    """The Galois element of a left rotation by ``step`` slots: generator^step mod 2N (SEAL's generator is 3)."""
+    return pow(generator, step % (poly_modulus_degree // 2), 2 * poly_modulus_degree)
+
+
+def identity_header(manifest: ProgramManifest) -> dict:
+    """What ties bytes to one program: its id and a fingerprint of its parameters (servers check both)."""
+    return {"program_id": manifest.program_id, "params": fingerprint_params(manifest.params)}
 
 
 def check_input(manifest: ProgramManifest, x) -> np.ndarray:
@@ -95,7 +100,7 @@ class CKKSClient:
         self.keygen_seconds = time.perf_counter() - t0
         self._encryptor = sa.Encryptor(self.seal.context, self.public_key)
         self._decryptor = sa.Decryptor(self.seal.context, self._secret_key)
-        self._header = {"program_id": manifest.program_id, "params": fingerprint_params(manifest.params)}
+        self._header = identity_header(manifest)
         log.info("keys for program %s in %.2f s (%d Galois keys)", manifest.program_id, self.keygen_seconds,
                  len(manifest.galois_steps))
 

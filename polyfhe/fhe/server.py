@@ -11,7 +11,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from polyfhe.fhe.client import galois_element
+from polyfhe.fhe.client import galois_element, identity_header
 from polyfhe.fhe.execute import execute
 from polyfhe.fhe.params import fingerprint_params
 from polyfhe.fhe.plaintexts import PlaintextStore
@@ -19,7 +19,7 @@ from polyfhe.fhe.program import CKKSProgram
 from polyfhe.fhe.seal_backend import SealContext, SealOps
 from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
 
-__all__ = ["CKKSServer", "RunStats", "check_identity"]
+__all__ = ["CKKSServer", "RunStats", "check_identity", "open_query", "pack_result"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,30 @@ def check_identity(header: dict, program: CKKSProgram, what: str) -> None:
                         f"{program.program_id!r}")
     if header.get("params") != fingerprint_params(program.params):
         raise WireError(f"{what} uses other CKKS parameters than {program.params.describe()}")
+
+
+def open_query(data: bytes, program: CKKSProgram, max_bytes: int) -> tuple[list[bytes], int]:
+    """(ciphertext sections ct0, ct1, ..., samples) of an input container for ``program``: bounded, the program's
+    own, as many ciphertexts as its layout takes; raises :class:`WireError` with the reason. Engine-neutral."""
+    box = unpack(data, KIND_CIPHERTEXT, max_bytes=max_bytes)
+    check_identity(box.header, program, "ciphertext")
+    m = program.manifest
+    expected = 1 if m.layout == "single" else m.input_size
+    names = [f"ct{i}" for i in range(expected)]
+    if box.header.get("count") != expected or list(box.sections) != names:
+        raise WireError(f"input holds {len(box.sections)} ciphertexts, the program takes {expected}")
+    samples = box.header.get("samples", 1)
+    capacity = m.samples_per_query
+    if not isinstance(samples, int) or not 1 <= samples <= capacity:
+        raise WireError(f"input claims {samples!r} samples; one ciphertext of this program holds 1 to {capacity}")
+    return [box.sections[name] for name in names], samples
+
+
+def pack_result(program: CKKSProgram, ciphertexts: list[bytes], samples: int, **extra) -> bytes:
+    """The output container the program's client decrypts (``extra``: more header fields, e.g. the backend)."""
+    header = {**identity_header(program.manifest), **extra, "role": "output", "count": len(ciphertexts),
+              "samples": samples}
+    return pack(KIND_CIPHERTEXT, header, {f"ct{i}": ct for i, ct in enumerate(ciphertexts)})
 
 
 class CKKSServer:
@@ -84,24 +108,15 @@ class CKKSServer:
         self.last_run = RunStats()
 
     def _load_input(self, data: bytes) -> tuple[list, int]:
-        box = unpack(data, KIND_CIPHERTEXT, max_bytes=self.max_ciphertext_bytes)
-        check_identity(box.header, self.program, "ciphertext")
+        sections, samples = open_query(data, self.program, self.max_ciphertext_bytes)
         m = self.program.manifest
-        expected = 1 if m.layout == "single" else m.input_size
-        count = box.header.get("count")
-        if count != expected or len(box.sections) != expected:
-            raise WireError(f"input holds {len(box.sections)} ciphertexts, the program takes {expected}")
-        cts = [self.seal.load("ciphertext", box.sections[f"ct{i}"]) for i in range(expected)]
+        cts = [self.seal.load("ciphertext", section) for section in sections]
         top = self.seal.context.first_parms_id()
         for ct in cts:
             if list(ct.parms_id()) != list(top) or ct.size() != 2:
                 raise WireError("input ciphertexts must be fresh (top level, two components)")
             if abs(ct.scale / m.params.scale - 1.0) > 1e-6:
                 raise WireError(f"input ciphertext scale {ct.scale:.6g} != program scale 2^{m.params.scale_bits}")
-        samples = box.header.get("samples", 1)
-        capacity = m.samples_per_query
-        if not isinstance(samples, int) or not 1 <= samples <= capacity:
-            raise WireError(f"input claims {samples!r} samples; one ciphertext of this program holds 1 to {capacity}")
         return cts, samples
 
     def run(self, data: bytes) -> bytes:
@@ -113,14 +128,12 @@ class CKKSServer:
         start = cts[0] if self.program.manifest.layout == "single" else cts
         result = execute(self.program, self._ops, start)
         outs = [result] if self.program.manifest.layout == "single" else result
-        sections = {f"ct{i}": self.seal.dump(ct) for i, ct in enumerate(outs)}
+        dumped = [self.seal.dump(ct) for ct in outs]
         seconds = time.perf_counter() - t0
         after, store = self._ops.stats(), self.plaintext_store.stats()
         counts = {k: v - before[k] for k, v in after.items() if k != "plaintext_bytes"}
         counts.update(evictions=store.evictions - evictions, plaintext_bytes=store.bytes)
         self.last_run = RunStats(seconds, counts, store.to_dict())
-        header = {"program_id": self.program.program_id, "params": fingerprint_params(self.program.params),
-                  "role": "output", "count": len(outs), "samples": samples}
         log.info("evaluated program %s in %.2f s (%s)", self.program.program_id, self.last_run.seconds,
                  self.last_run.counts)
-        return pack(KIND_CIPHERTEXT, header, sections)
+        return pack_result(self.program, dumped, samples)

@@ -22,9 +22,17 @@ import numpy as np
 
 from polyfhe.fhe.backends.base import Backend, BackendUnavailable
 from polyfhe.fhe.backends.lattigo_format import LattigoModel, galois_element, lattigo_params, lower_program
-from polyfhe.fhe.client import InputError, check_input, check_result
+from polyfhe.fhe.client import InputError, check_input, check_result, identity_header
 from polyfhe.fhe.execute import pack_single, unpack_single
-from polyfhe.fhe.params import MAX_BITS_128, ParameterError, fingerprint_params
+from polyfhe.fhe.params import MAX_BITS_128, ParameterError
+from polyfhe.fhe.server import (
+    DEFAULT_MAX_CIPHERTEXT_BYTES,
+    DEFAULT_MAX_CONTEXT_BYTES,
+    RunStats,
+    check_identity,
+    open_query,
+    pack_result,
+)
 from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, WireError, pack, unpack
 
 __all__ = ["BACKEND", "LattigoClient", "LattigoServer", "modulus_bits"]
@@ -33,8 +41,6 @@ log = logging.getLogger(__name__)
 
 NAME = "lattigo"
 INSTALL_HINT = "pip install orion-v2-lattigo orion-v2-evaluator (Python >= 3.11, Linux x86-64 or macOS wheels)"
-DEFAULT_MAX_CONTEXT_BYTES = 4 << 30
-DEFAULT_MAX_CIPHERTEXT_BYTES = 1 << 30
 DEFAULT_GO_MEMORY_LIMIT = "3GiB"  # per Go runtime; set GOMEMLIMIT yourself to change it
 
 
@@ -131,8 +137,7 @@ class LattigoClient:
         self._encryptor = rlwe.Encryptor(self._params, public_key)
         self._decryptor = rlwe.Decryptor(self._params, self._secret_key)
         self._rlwe = rlwe
-        self._header = {"program_id": manifest.program_id, "params": fingerprint_params(manifest.params),
-                        "backend": NAME}
+        self._header = {**identity_header(manifest), "backend": NAME}
         log.info("Lattigo keys for program %s in %.2f s (%d Galois keys, %.0f MB)", manifest.program_id,
                  self.keygen_seconds, len(manifest.galois_steps), len(self._evaluation_keys) / 1e6)
 
@@ -200,8 +205,6 @@ class LattigoServer:
 
     def __init__(self, program, public_context: bytes, *, max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES,
                  max_ciphertext_bytes: int = DEFAULT_MAX_CIPHERTEXT_BYTES, **_ignored) -> None:
-        from polyfhe.fhe.server import RunStats, check_identity
-
         self.program = program
         self.max_ciphertext_bytes = max_ciphertext_bytes
         box = unpack(public_context, KIND_CONTEXT, max_bytes=max_context_bytes)
@@ -217,25 +220,14 @@ class LattigoServer:
         except Exception as exc:
             raise WireError(f"evaluation keys are not valid Lattigo keys for {program.params.describe()}: "
                             f"{exc}") from exc
-        self._ckks, self._rlwe = _client_lib()
+        _, self._rlwe = _client_lib()
         self._lock = threading.Lock()
         self.context_bytes = len(public_context)
         self.plaintext_store = None
         self.last_run = RunStats()
-        self._run_stats = RunStats
 
     def _load_input(self, data: bytes) -> tuple[bytes, int]:
-        from polyfhe.fhe.server import check_identity
-
-        box = unpack(data, KIND_CIPHERTEXT, max_bytes=self.max_ciphertext_bytes)
-        check_identity(box.header, self.program, "ciphertext")
-        if box.header.get("count") != 1 or list(box.sections) != ["ct0"]:
-            raise WireError(f"input holds {len(box.sections)} ciphertexts, the program takes 1")
-        samples = box.header.get("samples", 1)
-        capacity = self.program.manifest.samples_per_query
-        if not isinstance(samples, int) or not 1 <= samples <= capacity:
-            raise WireError(f"input claims {samples!r} samples; one ciphertext of this program holds 1 to {capacity}")
-        raw = box.sections["ct0"]
+        (raw,), samples = open_query(data, self.program, self.max_ciphertext_bytes)
         try:
             ct = self._rlwe.Ciphertext.unmarshal_binary(raw)
             level = ct.level()
@@ -256,11 +248,9 @@ class LattigoServer:
             except Exception as exc:  # the evaluator's own checks: scale, level, size, missing keys
                 raise WireError(f"Lattigo refused the input: {exc}") from exc
         seconds = time.perf_counter() - t0
-        self.last_run = self._run_stats(seconds, dict(self._lowered.counts), {})
-        header = {"program_id": self.program.program_id, "params": fingerprint_params(self.program.params),
-                  "backend": NAME, "role": "output", "count": 1, "samples": samples}
+        self.last_run = RunStats(seconds, dict(self._lowered.counts), {})
         log.info("evaluated program %s on Lattigo in %.2f s", self.program.program_id, seconds)
-        return pack(KIND_CIPHERTEXT, header, {"ct0": outs[0]})
+        return pack_result(self.program, [outs[0]], samples, backend=NAME)
 
 
 BACKEND = Backend(NAME, "Lattigo v6 (hoisted BSGS) through the orion-v2 wheels", ("single",), _available, _prepare,

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from polyfhe.fhe.client import galois_element as rotation_galois_element
+
 __all__ = ["LattigoModel", "bsgs_rotations", "galois_element", "lattigo_params", "lower_program"]
 
 MAGIC = b"ORION\x00\x02\x00"
@@ -44,7 +46,7 @@ LOG_RATIOS = (0, 1, 2, 3, 4, 5)
 
 def galois_element(step: int, poly_modulus_degree: int) -> int:
     """Lattigo's Galois element for a left rotation by ``step`` slots: 5^step mod 2N."""
-    return pow(GALOIS_GENERATOR, step % (poly_modulus_degree // 2), 2 * poly_modulus_degree)
+    return rotation_galois_element(step, poly_modulus_degree, GALOIS_GENERATOR)
 
 
 def lattigo_params(params) -> dict:
@@ -94,15 +96,16 @@ def bsgs_rotations(diags: list[int], slots: int, log_ratio: int) -> tuple[list[i
     return [g for g in giants if g], [b for b in babies if b]
 
 
-def _choose_ratio(diags: list[int], slots: int, keys: set[int]) -> tuple[int, set[int], float]:
+def _choose_ratio(diags: list[int], slots: int, keys: set[int]) -> tuple[int, list[int], list[int]]:
+    """(log ratio, giant steps, baby steps) of the cheapest split, given the keys earlier maps already need."""
     best = None
     for log_ratio in LOG_RATIOS:
         giants, babies = bsgs_rotations(diags, slots, log_ratio)
-        steps = set(giants) | set(babies)
-        cost = GIANT_COST * len(giants) + BABY_COST * len(babies) + NEW_KEY_COST * len(steps - keys)
-        if best is None or cost < best[2]:
-            best = (log_ratio, steps, cost)
-    return best
+        new_keys = len((set(giants) | set(babies)) - keys)
+        cost = GIANT_COST * len(giants) + BABY_COST * len(babies) + NEW_KEY_COST * new_keys
+        if best is None or cost < best[0]:
+            best = (cost, log_ratio, giants, babies)
+    return best[1:]
 
 
 @dataclass
@@ -117,8 +120,7 @@ class LattigoModel:
 
 
 class _Builder:
-    def __init__(self, slots: int) -> None:
-        self.slots = slots
+    def __init__(self) -> None:
         self.nodes: list[dict] = []
         self.edges: list[dict] = []
         self.blobs: list[bytes] = []
@@ -154,7 +156,7 @@ def lower_program(program) -> LattigoModel:
     params, lanes = m.params, m.samples_per_ciphertext
     slots, virtual = params.slots, m.virtual_slots
     top = params.levels
-    b = _Builder(slots)
+    b = _Builder()
     names = {0: b.node(INPUT_NODE, "flatten", [], top)}
     keys: set[int] = set()
     counts = {"linear_transforms": 0, "diagonals": 0, "giant_rotations": 0, "baby_rotations": 0,
@@ -182,9 +184,8 @@ def lower_program(program) -> LattigoModel:
                 diags[:, space:] = 0.0
             real_ks = (ks * lanes) % slots
             real = np.repeat(diags, lanes, axis=1) if lanes > 1 else diags
-            log_ratio, steps, _ = _choose_ratio([int(k) for k in real_ks], slots, keys)
-            keys |= steps
-            giants, babies = bsgs_rotations([int(k) for k in real_ks], slots, log_ratio)
+            log_ratio, giants, babies = _choose_ratio([int(k) for k in real_ks], slots, keys)
+            keys |= {*giants, *babies}
             refs = {"diag_0_0": b.diagonal_blob(real_ks, real)}
             if j == 0 and attrs.get("bias"):
                 bias = np.asarray(program.arrays[attrs["bias"]], dtype=np.float64)[:virtual].copy()
