@@ -35,7 +35,7 @@ class WireError(ValueError):
 class Container:
     kind: bytes
     header: dict
-    sections: dict[str, bytes]
+    sections: dict[str, memoryview]  # read-only views into the received bytes: a key set is not copied again
 
 
 def pack(kind: bytes, header: dict, sections: dict[str, bytes]) -> bytes:
@@ -70,7 +70,8 @@ def unpack(data: bytes, expect: bytes, max_bytes: int | None = None) -> Containe
     except (ValueError, KeyError, TypeError) as exc:
         raise WireError(f"{what} header is not valid: {exc}") from exc
     allowed = ALLOWED_SECTIONS[expect]
-    sections: dict[str, bytes] = {}
+    sections: dict[str, memoryview] = {}
+    view = memoryview(data)
     pos = start + size
     for name, length in sections_spec:
         if allowed is not None and name not in allowed:
@@ -78,7 +79,7 @@ def unpack(data: bytes, expect: bytes, max_bytes: int | None = None) -> Containe
         if length < 0 or pos + length > len(data):
             raise WireError(f"{what} is truncated: section {name!r} needs {length} bytes, "
                             f"{max(0, len(data) - pos)} left")
-        sections[name] = data[pos: pos + length]
+        sections[name] = view[pos: pos + length]
         pos += length
     if pos != len(data):
         raise WireError(f"{what} has {len(data) - pos} trailing bytes after its sections")

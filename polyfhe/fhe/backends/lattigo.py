@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import logging
 import math
-import os
 import threading
 import time
 from dataclasses import replace
@@ -41,17 +40,9 @@ log = logging.getLogger(__name__)
 
 NAME = "lattigo"
 INSTALL_HINT = "pip install orion-v2-lattigo orion-v2-evaluator (Python >= 3.11, Linux x86-64 or macOS wheels)"
-DEFAULT_GO_MEMORY_LIMIT = "3GiB"  # per Go runtime; set GOMEMLIMIT yourself to change it
-
-
-def _go_memory_limit() -> None:
-    """Each wheel is a Go runtime with its own garbage collector, which by default lets the heap grow to twice
-    what is live; a soft limit (read once, when the library loads) keeps a server near its keys and model."""
-    os.environ.setdefault("GOMEMLIMIT", DEFAULT_GO_MEMORY_LIMIT)
 
 
 def _import(module: str, wheel: str, role: str):
-    _go_memory_limit()
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -129,7 +120,7 @@ class LattigoClient:
             else None
         galois = [keygen.gen_galois_key(self._secret_key, galois_element(s, n)) for s in manifest.galois_steps]
         key_set = rlwe.MemEvaluationKeySet(relin, galois)
-        self._evaluation_keys = key_set.marshal_binary()
+        evaluation_keys = key_set.marshal_binary()
         for obj in (key_set, *galois, *([relin] if relin else []), keygen):
             obj.close()
         self.keygen_seconds = time.perf_counter() - t0
@@ -138,14 +129,17 @@ class LattigoClient:
         self._decryptor = rlwe.Decryptor(self._params, self._secret_key)
         self._rlwe = rlwe
         self._header = {**identity_header(manifest), "backend": NAME}
+        # packed once and kept as the only copy: the key set is gigabytes at N=16384
+        self._public_context = pack(KIND_CONTEXT, {**self._header, "params_full": manifest.params.to_dict(),
+                                                   "galois_steps": list(manifest.galois_steps)},
+                                    {"evaluation_keys": evaluation_keys})
+        del evaluation_keys
         log.info("Lattigo keys for program %s in %.2f s (%d Galois keys, %.0f MB)", manifest.program_id,
-                 self.keygen_seconds, len(manifest.galois_steps), len(self._evaluation_keys) / 1e6)
+                 self.keygen_seconds, len(manifest.galois_steps), len(self._public_context) / 1e6)
 
     def public_context(self) -> bytes:
         """Relinearisation and exactly the program's Galois keys (Lattigo's ``MemEvaluationKeySet``). No secret."""
-        header = {**self._header, "params_full": self.manifest.params.to_dict(),
-                  "galois_steps": list(self.manifest.galois_steps)}
-        return pack(KIND_CONTEXT, header, {"evaluation_keys": self._evaluation_keys})
+        return self._public_context
 
     def secret_context(self) -> bytes:
         """A private backup holding the secret key; keep it on the client, never upload it (servers refuse it)."""
