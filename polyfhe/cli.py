@@ -27,6 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the real command line: start again with Lattigo's Go settings before any engine loads
+        from polyfhe.fhe.backends.go_env import restart_with_go_env
+
+        restart_with_go_env()
     parser = build_parser()
     args = parser.parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)

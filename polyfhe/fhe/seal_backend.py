@@ -15,7 +15,6 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
@@ -101,14 +100,10 @@ class SealContext:
 
     # ----------------------------------------------------------------------------------------------------
     def dump(self, obj) -> bytes:
-        """Serialise a SEAL object (zstd-compressed SEAL format)."""
-        fd, path = tempfile.mkstemp(prefix="polyfhe-")
-        os.close(fd)
-        try:
+        """Serialise a SEAL object (zstd-compressed SEAL format), in memory: secret keys never touch a disk."""
+        with _memory_file() as (fd, path):
             obj.save(path)
-            return Path(path).read_bytes()
-        finally:
-            os.unlink(path)
+            return _read_all(fd)
 
     def load(self, kind: str, data: bytes):
         """Deserialise bytes into a SEAL object of ``kind`` checked against this context."""
@@ -116,19 +111,56 @@ class SealContext:
                    "relin_keys": self.sa.RelinKeys, "galois_keys": self.sa.GaloisKeys,
                    "secret_key": self.sa.SecretKey}[kind]
         obj = factory()
-        fd, path = tempfile.mkstemp(prefix="polyfhe-")
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            obj.load(self.context, path)
+            with _memory_file() as (fd, path):
+                _write_all(fd, data)
+                obj.load(self.context, path)
         except Exception as exc:
             raise SerializationError(f"not a valid {kind.replace('_', ' ')} for {self.params.describe()}: "
                                      f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            os.unlink(path)
         if not self.sa.is_valid_for(obj, self.context):
             raise SerializationError(f"{kind} does not match {self.params.describe()}")
         return obj
+
+
+@contextlib.contextmanager
+def _memory_file():
+    """(fd, path) of an anonymous in-memory file: ``tenseal.sealapi`` (de)serialises only through paths.
+
+    Linux: ``memfd_create``, reached as ``/proc/self/fd/N``; no directory entry, nothing on disk. Elsewhere a
+    private temporary file (mode 0600), removed at once; keys pass through it only there.
+    """
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fd = os.memfd_create("polyfhe-seal", os.MFD_CLOEXEC)
+        try:
+            yield fd, f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    fd, path = tempfile.mkstemp(prefix="polyfhe-")
+    try:
+        yield fd, path
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def _read_all(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, size - offset, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _write_all(fd: int, data) -> None:
+    view, offset = memoryview(data), 0
+    while offset < len(view):
+        offset += os.pwrite(fd, view[offset:], offset)
 
 
 def naf_terms(value: int) -> list[int]:

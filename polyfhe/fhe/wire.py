@@ -38,11 +38,14 @@ class Container:
     sections: dict[str, memoryview]  # read-only views into the received bytes: a key set is not copied again
 
 
-def pack(kind: bytes, header: dict, sections: dict[str, bytes]) -> bytes:
+def pack(kind: bytes, header: dict, sections: dict[str, bytes | list[bytes]]) -> bytes:
+    """One container; a section may be given as a list of chunks, joined straight into the result (a key set of
+    gigabytes is then never held twice)."""
+    parts = {name: data if isinstance(data, list) else [data] for name, data in sections.items()}
     head = dict(header)
-    head["sections"] = [[name, len(data)] for name, data in sections.items()]
+    head["sections"] = [[name, sum(len(c) for c in chunks)] for name, chunks in parts.items()]
     raw = json.dumps(head, sort_keys=True).encode()
-    return b"".join([MAGIC, kind, struct.pack("<I", len(raw)), raw, *sections.values()])
+    return b"".join([MAGIC, kind, struct.pack("<I", len(raw)), raw, *(c for chunks in parts.values() for c in chunks)])
 
 
 def unpack(data: bytes, expect: bytes, max_bytes: int | None = None) -> Container:

@@ -96,3 +96,73 @@ def test_contexts_cross_engines_are_refused(programs):
     server = lattigo.server(context)
     np.testing.assert_allclose(lattigo_client.decrypt(server.run(lattigo_client.encrypt(x[:3]))),
                                lattigo.run_plain(x[:3]), atol=1e-3)
+
+
+def test_key_set_made_one_key_at_a_time_is_lattigos_own_marshalling():
+    from lattigo import ckks, rlwe
+
+    from polyfhe.fhe.backends.lattigo_format import evaluation_key_set
+
+    params = ckks.Parameters.from_dict({"logn": 12, "logq": [40, 30, 30], "logp": [45], "log_default_scale": 30,
+                                        "h": 2730, "ring_type": "standard", "boot_logp": None})
+    keygen = rlwe.KeyGenerator(params)
+    secret = keygen.gen_secret_key()
+    relin = keygen.gen_relin_key(secret)
+    elements = [8191, 5, 25]  # not in order: Lattigo writes its key map sorted
+    galois = [keygen.gen_galois_key(secret, e) for e in elements]
+    whole = rlwe.MemEvaluationKeySet(relin, galois).marshal_binary()
+    ours = evaluation_key_set(relin.marshal_binary(), {e: g.marshal_binary() for e, g in zip(elements, galois)})
+    assert b"".join(ours) == whole
+    without_relin = rlwe.MemEvaluationKeySet(None, galois[:1]).marshal_binary()
+    assert b"".join(evaluation_key_set(None, {elements[0]: galois[0].marshal_binary()})) == without_relin
+
+
+def test_adds_of_unequal_scales_are_corrected_as_lattigo_applies_them():
+    """Lattigo multiplies the smaller-scale operand of an add by floor(ratio): 1 for a ratio of 1.3."""
+    from fractions import Fraction
+
+    from polyfhe.fhe.backends.lattigo_format import LattigoScales, Tag
+
+    scales = LattigoScales([1 << 40, (1 << 30) - 2**20, 1 << 30], 30)
+    a, b = Tag(1, Fraction(13, 10) * 2**30), Tag(2, Fraction(2**30))
+    tag, fa, fb = scales.add(a, b)
+    assert tag == Tag(1, a.scale) and fa == 1.0 and fb == pytest.approx(1 / 1.3)
+    tag, fa, fb = scales.add(b, Tag(2, Fraction(5, 2) * 2**30))
+    assert fa == pytest.approx(2 / 2.5) and fb == 1.0
+    out = scales.product(scales.input(2), scales.input(2))  # rescaled by the prime at level 2, exactly 2^30
+    assert out == Tag(1, Fraction(2**30))
+    assert scales.linear(out, 1) == Tag(0, Fraction(2**30))  # a transform keeps its input's scale
+
+
+def test_seal_keys_and_ciphertexts_never_pass_through_a_file(programs, monkeypatch):
+    """TenSEAL (de)serialises only through paths: polyfhe hands it an anonymous in-memory file, never a temp file."""
+    import tempfile
+
+    def no_files(*args, **kwargs):
+        raise AssertionError("a SEAL object went through a temporary file")
+
+    monkeypatch.setattr(tempfile, "mkstemp", no_files)
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", no_files)
+    prog = programs["seal"]
+    client = prog.client()
+    assert client.secret_context()  # the secret key serialised
+    server = prog.server(client.public_context())  # public key, relin and Galois keys parsed
+    _, _, x, _ = digits()
+    out = client.decrypt(server.run(client.encrypt(x[:2])))
+    assert out.shape == (2, 10)
+
+
+@pytest.mark.parametrize("given, expected", [(None, "25"), ("80", "80")])
+def test_the_command_restarts_once_with_gos_collector_settings(given, expected):
+    """Go reads GOGC only from the environment the process started with: the CLI entry restarts itself with it."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GOGC", "POLYFHE_GO_ENV_SET")}
+    if given is not None:
+        env["GOGC"] = given
+    code = ("import os; from polyfhe.fhe.backends.go_env import restart_with_go_env; print('start', flush=True); "
+            "restart_with_go_env(); print(os.environ['GOGC'])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == (["start", "start", expected] if given is None else ["start", expected])

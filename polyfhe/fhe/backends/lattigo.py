@@ -20,7 +20,14 @@ from dataclasses import replace
 import numpy as np
 
 from polyfhe.fhe.backends.base import Backend, BackendUnavailable
-from polyfhe.fhe.backends.lattigo_format import LattigoModel, galois_element, lattigo_params, lower_program
+from polyfhe.fhe.backends.go_env import warn_if_missing
+from polyfhe.fhe.backends.lattigo_format import (
+    LattigoModel,
+    evaluation_key_set,
+    galois_element,
+    lattigo_params,
+    lower_program,
+)
 from polyfhe.fhe.client import InputError, check_input, check_result, identity_header
 from polyfhe.fhe.execute import pack_single, unpack_single
 from polyfhe.fhe.params import MAX_BITS_128, ParameterError
@@ -34,7 +41,7 @@ from polyfhe.fhe.server import (
 )
 from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, WireError, pack, unpack
 
-__all__ = ["BACKEND", "LattigoClient", "LattigoServer", "modulus_bits"]
+__all__ = ["BACKEND", "LattigoClient", "LattigoServer", "lattigo_primes", "lower", "modulus_bits"]
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +70,24 @@ def _available() -> None:
     _evaluator_lib()
 
 
-def modulus_bits(params) -> float:
-    """log2 of the whole modulus Lattigo builds for ``params`` (ciphertext primes and the special prime)."""
+def lattigo_primes(params) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(ciphertext primes Q[0..L], special primes) that Lattigo generates for ``params``."""
     ckks, _ = _client_lib()
     p = ckks.Parameters.from_dict(lattigo_params(params))
     try:
-        return sum(math.log2(q) for q in [*p.moduli_chain(), *p.aux_moduli_chain()])
+        return tuple(int(q) for q in p.moduli_chain()), tuple(int(q) for q in p.aux_moduli_chain())
     finally:
         p.close()
+
+
+def modulus_bits(params) -> float:
+    """log2 of the whole modulus Lattigo builds for ``params`` (ciphertext primes and the special prime)."""
+    return sum(math.log2(q) for q in (q for chain in lattigo_primes(params) for q in chain))
+
+
+def lower(program) -> LattigoModel:
+    """The program lowered for Lattigo's own primes (its adds' scale corrections depend on them)."""
+    return lower_program(program, lattigo_primes(program.params)[0])
 
 
 def check_security(params) -> None:
@@ -92,12 +109,20 @@ def _prepare(program):
     from polyfhe.fhe.program import CKKSProgram
 
     check_security(program.params)
-    lowered = lower_program(program)
+    lowered = lower(program)
     info = {**program.manifest.info, NAME: {"galois_keys": len(lowered.galois_steps), "needs_relin":
                                             lowered.needs_relin, "modulus_bits": round(modulus_bits(program.params), 3),
                                             **lowered.counts}}
     manifest = replace(program.manifest, backend=NAME, galois_steps=lowered.galois_steps, info=info)
     return CKKSProgram.create(manifest, program.arrays)
+
+
+def _marshalled(key) -> bytes:
+    """A Go key's bytes; the Go object is freed at once."""
+    try:
+        return key.marshal_binary()
+    finally:
+        key.close()
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -116,13 +141,14 @@ class LattigoClient:
         self._secret_key = keygen.gen_secret_key()
         public_key = keygen.gen_public_key(self._secret_key)
         n = manifest.params.poly_modulus_degree
-        relin = keygen.gen_relin_key(self._secret_key) if manifest.info.get(NAME, {}).get("needs_relin", True) \
-            else None
-        galois = [keygen.gen_galois_key(self._secret_key, galois_element(s, n)) for s in manifest.galois_steps]
-        key_set = rlwe.MemEvaluationKeySet(relin, galois)
-        evaluation_keys = key_set.marshal_binary()
-        for obj in (key_set, *galois, *([relin] if relin else []), keygen):
-            obj.close()
+        relin = None
+        if manifest.info.get(NAME, {}).get("needs_relin", True):
+            relin = _marshalled(keygen.gen_relin_key(self._secret_key))
+        galois = {}
+        for step in manifest.galois_steps:  # one key at a time: Go holds one, not the whole set
+            element = galois_element(step, n)
+            galois[element] = _marshalled(keygen.gen_galois_key(self._secret_key, element))
+        keygen.close()
         self.keygen_seconds = time.perf_counter() - t0
         self._encoder = ckks.Encoder(self._params)
         self._encryptor = rlwe.Encryptor(self._params, public_key)
@@ -132,8 +158,8 @@ class LattigoClient:
         # packed once and kept as the only copy: the key set is gigabytes at N=16384
         self._public_context = pack(KIND_CONTEXT, {**self._header, "params_full": manifest.params.to_dict(),
                                                    "galois_steps": list(manifest.galois_steps)},
-                                    {"evaluation_keys": evaluation_keys})
-        del evaluation_keys
+                                    {"evaluation_keys": evaluation_key_set(relin, galois)})
+        del relin, galois
         log.info("Lattigo keys for program %s in %.2f s (%d Galois keys, %.0f MB)", manifest.program_id,
                  self.keygen_seconds, len(manifest.galois_steps), len(self._public_context) / 1e6)
 
@@ -180,7 +206,7 @@ def _shared_model(program):
     cached = program.engine_cache.get(NAME)
     if cached is None:
         evaluator = _evaluator_lib()
-        lowered: LattigoModel = lower_program(program)
+        lowered: LattigoModel = lower(program)
         if tuple(lowered.galois_steps) != tuple(program.manifest.galois_steps):
             raise ValueError(f"program {program.program_id}: its Galois steps do not match its Lattigo lowering "
                              "(exported by another polyfhe version?); export it again with backend='lattigo'")
@@ -207,6 +233,7 @@ class LattigoServer:
             raise WireError(f"public context was made for backend {box.header.get('backend', 'seal')!r}; this "
                             f"program runs on {NAME!r} (make keys with this program's client)")
         evaluator = _evaluator_lib()
+        warn_if_missing()
         self._model, self._lowered = _shared_model(program)
         params = lattigo_params(program.params)
         try:

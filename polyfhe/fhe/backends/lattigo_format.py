@@ -18,6 +18,13 @@ Semantics matched to polyfhe's executor (``polyfhe.fhe.execute._single_linear``)
   those rotations, so it is kept in the first ``period`` block only.
 - ``k`` interleaved samples per ciphertext: a virtual rotation by r is a real one by ``r*k`` and every virtual
   slot vector is repeated k times.
+
+Scales. Lattigo tracks every ciphertext's scale exactly, but its ``add`` of two ciphertexts whose scales differ
+multiplies the smaller one by the *integer part* of the ratio: with primes a few parts in 10^4 below the nominal
+scale, scales drift apart through products (``s^2/q``) and a residual sum weighs one operand by ``floor(r)/r``
+(measured: 1% errors on cpolynext_fhe_bn). The same holds for a transform's bias, a plaintext encoded at the
+default scale. The lowering replays that bookkeeping on Lattigo's own primes (:class:`LattigoScales`) and divides
+each summed term's diagonals and bias by the factor the adds will apply.
 """
 
 from __future__ import annotations
@@ -25,13 +32,17 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 
 from polyfhe.fhe.client import galois_element as rotation_galois_element
 
-__all__ = ["LattigoModel", "bsgs_rotations", "galois_element", "lattigo_params", "lower_program"]
+__all__ = ["LattigoModel", "LattigoScales", "bsgs_rotations", "evaluation_key_set", "galois_element", "lattigo_params",
+           "lower_program",
+           "parse_container", "run_container_plain"]
 
 MAGIC = b"ORION\x00\x02\x00"
 GALOIS_GENERATOR = 5  # Lattigo's rotation generator (SEAL uses 3)
@@ -60,6 +71,22 @@ def lattigo_params(params) -> dict:
     n = params.poly_modulus_degree
     return {"logn": int(math.log2(n)), "logq": bits[:-1], "logp": bits[-1:], "log_default_scale": params.scale_bits,
             "h": (2 * n) // 3, "ring_type": "standard", "boot_logp": None}
+
+
+def evaluation_key_set(relin: bytes | None, galois: dict[int, bytes]) -> list[bytes]:
+    """Lattigo's ``MemEvaluationKeySet`` marshalling, as chunks, from keys marshalled one at a time.
+
+    Layout (Lattigo v6 ``core/rlwe/keys.go``, ``utils/structs/map.go``): u8 has-relin | relin key | u8 has-galois |
+    u32 count | (u64 Galois element | Galois key) sorted by element, all little-endian. Making and marshalling one
+    key at a time keeps a single key in Go memory instead of the whole set (gigabytes at N=16384).
+    """
+    chunks = [struct.pack("<B", relin is not None)]
+    if relin is not None:
+        chunks.append(relin)
+    chunks.append(struct.pack("<BI", 1, len(galois)))
+    for element in sorted(galois):
+        chunks += [struct.pack("<Q", element), galois[element]]
+    return chunks
 
 
 def _bsgs_index(diags: list[int], slots: int, n1: int) -> tuple[list[int], list[int]]:
@@ -108,6 +135,50 @@ def _choose_ratio(diags: list[int], slots: int, keys: set[int]) -> tuple[int, li
     return best[1:]
 
 
+@dataclass(frozen=True)
+class Tag:
+    """A ciphertext's level and exact scale as Lattigo tracks them."""
+
+    level: int
+    scale: Fraction
+
+
+class LattigoScales:
+    """Lattigo's scale bookkeeping for the evaluator's nodes, on a given prime chain (exact rationals).
+
+    ``moduli`` are the ciphertext primes Q[0..L]; ``None`` means each is exactly ``2**bits`` of ``params``
+    (then nothing drifts and no term needs a correction).
+    """
+
+    def __init__(self, moduli: Sequence[int], scale_bits: int) -> None:
+        self.moduli = [int(q) for q in moduli]
+        self.default = Fraction(1 << scale_bits)
+
+    def input(self, level: int) -> Tag:
+        return Tag(level, self.default)
+
+    def linear(self, tag: Tag, level: int) -> Tag:
+        """Diagonals encoded at scale Q[level], the product rescaled once by the prime at the level it ran at."""
+        at = min(level, tag.level)
+        return Tag(at - 1, tag.scale * self.moduli[level] / self.moduli[at])
+
+    def product(self, a: Tag, b: Tag) -> Tag:
+        at = min(a.level, b.level)
+        return Tag(at - 1, a.scale * b.scale / self.moduli[at])
+
+    @staticmethod
+    def add(a: Tag, b: Tag) -> tuple[Tag, float, float]:
+        """(result, factor on a's value, factor on b's value): the smaller scale is multiplied by floor(ratio)."""
+        big, small = max(a.scale, b.scale), min(a.scale, b.scale)
+        weak = float(math.floor(big / small) * small / big)
+        fa, fb = (1.0, weak) if a.scale >= b.scale else (weak, 1.0)
+        return Tag(min(a.level, b.level), big), fa, fb
+
+    def with_bias(self, tag: Tag) -> tuple[Tag, float, float]:
+        """A transform's bias is a plaintext the evaluator encoded at the default scale: an add like any other."""
+        return self.add(tag, Tag(tag.level, self.default))
+
+
 @dataclass
 class LattigoModel:
     """The lowered program: container bytes, the rotation steps it needs keys for, and what it does."""
@@ -147,8 +218,21 @@ def _plain_diagonals(ks: np.ndarray, stored: np.ndarray, baby: int) -> np.ndarra
     return np.stack([np.roll(d, -int(g)) for d, g in zip(stored, giants, strict=True)]) if len(ks) else stored
 
 
-def lower_program(program) -> LattigoModel:
-    """The Orion v2 container for a single-layout ``program``; raises ``ValueError`` for what it cannot hold."""
+def _summed_term_weights(scales: LattigoScales, tags: list[Tag]) -> tuple[Tag, list[float]]:
+    """The tag of ``((t0 + t1) + t2) + ...`` and the factor Lattigo's adds put on each term's value."""
+    acc, weights = tags[0], [1.0]
+    for tag in tags[1:]:
+        acc, f_acc, f_term = scales.add(acc, tag)
+        weights = [w * f_acc for w in weights] + [f_term]
+    return acc, weights
+
+
+def lower_program(program, moduli: Sequence[int] | None = None) -> LattigoModel:
+    """The Orion v2 container for a single-layout ``program``; raises ``ValueError`` for what it cannot hold.
+
+    ``moduli``: the ciphertext primes Lattigo generates for the program's parameters (see :class:`LattigoScales`);
+    ``None`` lowers for ideal primes of exactly the nominal bit sizes.
+    """
     m = program.manifest
     if m.layout != "single":
         raise ValueError("the Lattigo backend runs the single layout (one sample packed across the slots); "
@@ -156,16 +240,23 @@ def lower_program(program) -> LattigoModel:
     params, lanes = m.params, m.samples_per_ciphertext
     slots, virtual = params.slots, m.virtual_slots
     top = params.levels
+    moduli = [1 << b for b in params.coeff_mod_bits[:-1]] if moduli is None else [int(q) for q in moduli]
+    if len(moduli) != top + 1:
+        raise ValueError(f"{len(moduli)} ciphertext primes given for a chain of {top + 1}")
+    scales = LattigoScales(moduli, params.scale_bits)
     b = _Builder()
     names = {0: b.node(INPUT_NODE, "flatten", [], top)}
+    tags = {0: scales.input(top)}
     keys: set[int] = set()
     counts = {"linear_transforms": 0, "diagonals": 0, "giant_rotations": 0, "baby_rotations": 0,
-              "output_rotations": 0, "products": 0}
+              "output_rotations": 0, "products": 0, "scale_corrections": 0}
+    worst_correction = 0.0
     for i, step in enumerate(m.steps):
         if step.op == "mul":
-            a, c = (names[r] for r in step.inputs)
-            op, inputs = ("quad", [a]) if a == c else ("mult", [a, c])
+            a, c = step.inputs
+            op, inputs = ("quad", [names[a]]) if a == c else ("mult", [names[a], names[c]])
             names[step.out] = b.node(f"s{i}", op, inputs, top - step.level)
+            tags[step.out] = scales.product(tags[a], tags[c])
             counts["products"] += 1
             continue
         if step.op != "linear":
@@ -175,12 +266,23 @@ def lower_program(program) -> LattigoModel:
         reduce = period < space
         doublings = int(math.log2(virtual // period)) if reduce else 0
         level = top - (step.level - 1)
+        terms = attrs["terms"]
+        term_tags = [scales.linear(tags[t["input"]], level) for t in terms]
+        bias_weight = 1.0
+        if attrs.get("bias"):  # the bias joins the first term before the terms are summed
+            term_tags[0], first_weight, bias_weight = scales.with_bias(term_tags[0])
+        out_tag, weights = _summed_term_weights(scales, term_tags)
+        if attrs.get("bias"):
+            bias_weight *= weights[0]
+            weights[0] *= first_weight
+        corrections = [*weights, bias_weight]
+        counts["scale_corrections"] += sum(w != 1.0 for w in corrections)
+        worst_correction = max(worst_correction, *(abs(1.0 / w - 1.0) for w in corrections))
         parts = []
-        for j, term in enumerate(attrs["terms"]):
+        for j, term in enumerate(terms):
             ks = np.asarray(program.arrays[term["ks"]], dtype=np.int64)
-            diags = _plain_diagonals(ks, program.arrays[term["diags"]], baby)
+            diags = _plain_diagonals(ks, program.arrays[term["diags"]], baby) / weights[j]
             if reduce:  # keep the first ``space`` block: the evaluator's doublings sum every block
-                diags = diags.copy()
                 diags[:, space:] = 0.0
             real_ks = (ks * lanes) % slots
             real = np.repeat(diags, lanes, axis=1) if lanes > 1 else diags
@@ -188,7 +290,7 @@ def lower_program(program) -> LattigoModel:
             keys |= {*giants, *babies}
             refs = {"diag_0_0": b.diagonal_blob(real_ks, real)}
             if j == 0 and attrs.get("bias"):
-                bias = np.asarray(program.arrays[attrs["bias"]], dtype=np.float64)[:virtual].copy()
+                bias = np.asarray(program.arrays[attrs["bias"]], dtype=np.float64)[:virtual] / bias_weight
                 if reduce:
                     bias[period:] = 0.0
                 refs["bias_0"] = b.blob(np.repeat(bias, lanes).astype("<f8").tobytes())
@@ -205,7 +307,8 @@ def lower_program(program) -> LattigoModel:
         out = parts[0]
         for j, part in enumerate(parts[1:], start=1):
             out = b.node(f"s{i}a{j}", "add", [out, part], level - 1)
-        names[step.out] = out
+        names[step.out], tags[step.out] = out, out_tag
+    counts["worst_scale_correction"] = float(f"{worst_correction:.3g}")
     galois_steps = tuple(sorted(keys))
     needs_relin = counts["products"] > 0
     header = {
@@ -217,6 +320,8 @@ def lower_program(program) -> LattigoModel:
                                      "bootstrap_key_count": 0},
         "graph": {"input": INPUT_NODE, "output": names[m.output], "nodes": b.nodes, "edges": b.edges},
         "blob_count": len(b.blobs),
+        # not read by the evaluator: what the corrections were computed for, so the plain reference can replay them
+        "polyfhe": {"moduli": moduli, "scale_bits": params.scale_bits},
     }
     raw = json.dumps(header).encode()
     chunks = [MAGIC, struct.pack("<I", len(raw)), raw, struct.pack("<I", len(b.blobs))]
@@ -247,32 +352,45 @@ def parse_container(data: bytes) -> tuple[dict, list[bytes]]:
 
 
 def run_container_plain(data: bytes, vec: np.ndarray) -> np.ndarray:
-    """The evaluator's semantics on plain slot vectors: the reference for :func:`lower_program` without Lattigo."""
+    """The evaluator's semantics on plain slot vectors, Lattigo's scale bookkeeping included: the reference for
+    :func:`lower_program` without Lattigo."""
     header, blobs = parse_container(data)
     slots = len(vec)
+    meta = header.get("polyfhe")
+    if meta is None:
+        raise ValueError("this container names no prime chain: it was not made by lower_program")
+    scales = LattigoScales(meta["moduli"], meta["scale_bits"])
     preds: dict[str, list[str]] = {}
     for edge in header["graph"]["edges"]:
         preds.setdefault(edge["dst"], []).append(edge["src"])
     values: dict[str, np.ndarray] = {}
+    tags: dict[str, Tag] = {}
     for node in header["graph"]["nodes"]:  # lower_program emits nodes in a topological order
-        name, op, ins = node["name"], node["op"], [values[p] for p in preds.get(node["name"], [])]
+        name, op, srcs = node["name"], node["op"], preds.get(node["name"], [])
+        ins = [values[p] for p in srcs]
         if op == "flatten":
             values[name] = (ins[0] if ins else vec).copy()
-        elif op == "quad":
-            values[name] = ins[0] * ins[0]
-        elif op in ("mult", "add"):
-            values[name] = ins[0] * ins[1] if op == "mult" else ins[0] + ins[1]
+            tags[name] = tags[srcs[0]] if srcs else scales.input(header["input_level"])
+        elif op in ("quad", "mult"):
+            a, c = (ins[0], ins[0]) if op == "quad" else ins
+            values[name] = a * c
+            tags[name] = scales.product(tags[srcs[0]], tags[srcs[-1]])
+        elif op == "add":
+            tags[name], fa, fc = scales.add(tags[srcs[0]], tags[srcs[1]])
+            values[name] = fa * ins[0] + fc * ins[1]
         elif op == "linear_transform":
             raw = blobs[node["blob_refs"]["diag_0_0"]]
             (n,) = struct.unpack_from("<I", raw)
             ks = np.frombuffer(raw, "<i4", n, 4)
             diags = np.frombuffer(raw, "<f8", n * slots, 4 + 4 * n).reshape(n, slots)
             out = sum((d * np.roll(ins[0], -int(k)) for k, d in zip(ks, diags, strict=True)), np.zeros(slots))
+            tag = scales.linear(tags[srcs[0]], int(node["level"]))
             if "bias_0" in node["blob_refs"]:
-                out = out + np.frombuffer(blobs[node["blob_refs"]["bias_0"]], "<f8")
+                tag, f_out, f_bias = scales.with_bias(tag)
+                out = f_out * out + f_bias * np.frombuffer(blobs[node["blob_refs"]["bias_0"]], "<f8")
             for i in range(int(node["config"]["output_rotations"])):
                 out = out + np.roll(out, -(slots >> (i + 1)))
-            values[name] = out
+            values[name], tags[name] = out, tag
         else:
             raise ValueError(f"node {name}: op {op!r} is not one lower_program emits")
     return values[header["graph"]["output"]]
