@@ -10,12 +10,14 @@ ciphertext per tensor element with one sample per slot.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
 
+from polyfhe.fhe.plaintexts import PlaintextKey
 from polyfhe.fhe.program import CKKSProgram, Step
 
 __all__ = ["InterleavedOps", "NumpyOps", "SlotOps", "execute", "pack_single", "run_plain", "unpack_single"]
@@ -29,10 +31,10 @@ class SlotOps(Protocol):
     def level(self, ct: Any) -> int: ...
     def drop_to(self, ct: Any, level: int) -> Any: ...
     def rotate(self, ct: Any, step: int) -> Any: ...
-    def mul_vector(self, ct: Any, vec: np.ndarray, key: tuple) -> Any: ...  # pre-rescale, scale -> target
+    def mul_vector(self, ct: Any, vec: np.ndarray, key: PlaintextKey) -> Any: ...  # pre-rescale, scale -> target
     def mul_scalar(self, ct: Any, value: float) -> Any: ...  # pre-rescale, scale -> target
     def add(self, a: Any, b: Any) -> Any: ...
-    def add_vector(self, ct: Any, vec: np.ndarray, key: tuple) -> Any: ...  # at the pre-rescale scale
+    def add_vector(self, ct: Any, vec: np.ndarray, key: PlaintextKey) -> Any: ...  # at the pre-rescale scale
     def add_scalar(self, ct: Any, value: float) -> Any: ...  # every slot, at the pre-rescale scale
     def rescale(self, ct: Any) -> Any: ...
     def multiply(self, a: Any, b: Any) -> Any: ...  # ct x ct, relinearised, not rescaled
@@ -105,21 +107,34 @@ class InterleavedOps:
 # ------------------------------------------------------------------------------------------------------------
 # single layout: registers are single ciphertexts (or slot vectors)
 # ------------------------------------------------------------------------------------------------------------
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def shared_pool(threads: int) -> ThreadPoolExecutor | None:
+    """The process's pool of ``threads`` workers (``None`` for one thread), shared by every run: concurrent
+    requests share the cores instead of each starting ``threads`` more (``cores^2`` threads on a busy server)."""
+    if threads <= 1:
+        return None
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = _POOLS[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="polyfhe-ckks")
+        return pool
+
+
 class RunContext:
-    """Per-run state: rotated registers shared between maps, and a thread pool (SEAL releases the GIL)."""
+    """Per-run state: rotated registers shared between maps, and the process's thread pool (SEAL releases the
+    GIL). Work items never submit to the pool themselves, so runs sharing it cannot deadlock."""
 
     def __init__(self, threads: int) -> None:
         self.cache: dict = {}
-        self.pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
+        self.pool = shared_pool(threads)
 
     def map(self, fn: Callable, items: list) -> list:
         if self.pool is None or len(items) < 2:
             return [fn(item) for item in items]
         return list(self.pool.map(fn, items))
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
 
 
 def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
@@ -151,7 +166,7 @@ def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunC
             ks, diags = arrays[term["ks"]], arrays[term["diags"]]
             for row in rows:
                 rot = run.cache[(term["input"], int(ks[row] % baby), target)]
-                inner = ops.add(inner, ops.mul_vector(rot, diags[row], (step.out, ti, int(row))))
+                inner = ops.add(inner, ops.mul_vector(rot, diags[row], PlaintextKey.diagonal(step.out, ti, int(row))))
         if rescale_first:  # a rescaled partial sum rotates over one prime fewer (a cheaper key switch)
             inner = ops.rescale(inner)
         return inner if g == 0 else ops.rotate(inner, g * baby)
@@ -164,7 +179,7 @@ def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunC
         acc = ops.add(acc, ops.rotate(acc, shift))
         shift *= 2
     if attrs.get("bias"):
-        acc = ops.add_vector(acc, arrays[attrs["bias"]], (step.out, "bias"))
+        acc = ops.add_vector(acc, arrays[attrs["bias"]], PlaintextKey.bias(step.out))
     return acc if rescale_first else ops.rescale(acc)
 
 
@@ -266,20 +281,17 @@ def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: 
     regs: dict[int, Any] = {0: encrypted_input}
     last = _last_use(program)
     run = RunContext(default_threads() if threads is None else threads)
-    try:
-        for index, step in enumerate(manifest.steps):
-            fn = EXECUTORS.get((manifest.layout, step.op))
-            if fn is None:
-                raise ValueError(f"step {index} ({step.op}) is not supported in layout {manifest.layout!r}")
-            regs[step.out] = fn(step, regs, ops, program.arrays, run)
-            for r in [r for r, i in last.items() if i == index and r != manifest.output]:
-                regs.pop(r, None)
-                for key in [k for k in run.cache if k[0] == r]:
-                    del run.cache[key]
-            if progress is not None:
-                progress(index, step)
-    finally:
-        run.close()
+    for index, step in enumerate(manifest.steps):
+        fn = EXECUTORS.get((manifest.layout, step.op))
+        if fn is None:
+            raise ValueError(f"step {index} ({step.op}) is not supported in layout {manifest.layout!r}")
+        regs[step.out] = fn(step, regs, ops, program.arrays, run)
+        for r in [r for r, i in last.items() if i == index and r != manifest.output]:
+            regs.pop(r, None)
+            for key in [k for k in run.cache if k[0] == r]:
+                del run.cache[key]
+        if progress is not None:
+            progress(index, step)
     return regs[manifest.output]
 
 

@@ -20,15 +20,14 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-__all__ = ["DEFAULT_PLAINTEXT_BYTES", "STORE_KEY", "PlaintextStore", "StoreStats", "plaintext_cost", "shared_store"]
+__all__ = ["DEFAULT_PLAINTEXT_BYTES", "PlaintextKey", "PlaintextStore", "StoreStats", "plaintext_cost", "store_with_budget"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PLAINTEXT_BYTES = 3 << 30  # holds a 2.5 GB MONet-BN program; monet_fhe_bn at 28x28 needs 4.6 GB (1.3 MB/diagonal at the top level)
-STORE_KEY = "__plaintext_store__"  # where a store lives inside a program's ``plaintext_cache`` dict
 WORD_BYTES = 8  # SEAL keeps each coefficient modulo each prime in a 64-bit word
 
 
@@ -36,6 +35,29 @@ def plaintext_cost(pt: Any) -> tuple[int, int]:
     """(bytes held, re-encode cost) of a SEAL plaintext: ``coeff_count`` = N x primes at its level."""
     count = int(pt.coeff_count())
     return count * WORD_BYTES, count
+
+
+@dataclass(frozen=True)
+class PlaintextKey:
+    """Which plaintext: diagonal ``row`` of term ``term`` of the linear map writing ``register``, or (``row`` None)
+    that map's bias; ``parms_id`` and ``scale`` say where in the modulus chain it was encoded."""
+
+    register: int
+    term: int = 0
+    row: int | None = None
+    parms_id: tuple[int, ...] = ()
+    scale: int = 0
+
+    @classmethod
+    def diagonal(cls, register: int, term: int, row: int) -> PlaintextKey:
+        return cls(register, term, row)
+
+    @classmethod
+    def bias(cls, register: int) -> PlaintextKey:
+        return cls(register)
+
+    def encoded_at(self, parms_id, scale: float) -> PlaintextKey:
+        return replace(self, parms_id=tuple(parms_id), scale=round(scale))
 
 
 @dataclass(frozen=True)
@@ -227,22 +249,10 @@ class PlaintextStore:
         self._evictions += 1
 
 
-_SHARED_LOCK = threading.Lock()
-
-
-def shared_store(holder: PlaintextStore | dict | None, max_bytes: int | None = None) -> PlaintextStore:
-    """The store to use: ``holder`` itself, the one kept in a dict (a program's ``plaintext_cache``, created
-    there on first use so that every server of the program shares it), or a new private one. ``max_bytes``
-    (when given) sets the budget; ``None`` keeps the store's own (``DEFAULT_PLAINTEXT_BYTES`` for a new one)."""
-    if isinstance(holder, PlaintextStore):
-        store = holder
-    elif holder is None:
-        store = PlaintextStore()
-    else:
-        with _SHARED_LOCK:
-            store = holder.get(STORE_KEY)
-            if store is None:
-                store = holder[STORE_KEY] = PlaintextStore()
+def store_with_budget(store: PlaintextStore | None, max_bytes: int | None = None) -> PlaintextStore:
+    """``store`` (a new private one when ``None``) with its budget set to ``max_bytes``; ``None`` keeps the
+    store's own (``DEFAULT_PLAINTEXT_BYTES`` for a new one)."""
+    store = PlaintextStore() if store is None else store
     if max_bytes is not None and max_bytes != store.max_bytes:
         store.set_max_bytes(max_bytes)
     return store

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from polyfhe.fhe.params import CKKSParams
+from polyfhe.fhe.plaintexts import PlaintextStore
 
 __all__ = ["FORMAT", "CKKSProgram", "ProgramError", "ProgramManifest", "Step", "load_program"]
 
@@ -143,13 +145,21 @@ def compute_program_id(manifest: ProgramManifest, arrays: dict[str, np.ndarray])
 
 
 @dataclass
+class SharedState:
+    """What the servers of one program share in this process: built on first use, never saved."""
+
+    plaintexts: PlaintextStore = field(default_factory=PlaintextStore)  # SEAL's encoded diagonals and biases
+    engines: dict[str, Any] = field(default_factory=dict)  # an engine's loaded model, by backend name
+    lock: threading.Lock = field(default_factory=threading.Lock)  # guards ``engines`` while a model loads
+
+
+@dataclass
 class CKKSProgram:
     """Manifest + arrays; ``client()`` for the key holder, ``server(public_context)`` for the evaluator."""
 
     manifest: ProgramManifest
     arrays: dict[str, np.ndarray]
-    plaintext_cache: dict = field(default_factory=dict, repr=False, compare=False)  # shared by its servers
-    engine_cache: dict = field(default_factory=dict, repr=False, compare=False)  # e.g. a loaded engine model
+    shared: SharedState = field(default_factory=SharedState, repr=False, compare=False)
 
     @classmethod
     def create(cls, manifest: ProgramManifest, arrays: dict[str, np.ndarray]) -> CKKSProgram:

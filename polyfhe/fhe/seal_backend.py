@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from polyfhe.fhe.params import CKKSParams
-from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES, PlaintextStore, shared_store
+from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES, PlaintextKey, PlaintextStore, store_with_budget
 
 __all__ = ["COUNTERS", "DEFAULT_CACHE_BYTES", "SealContext", "SealOps", "SerializationError", "naf_terms",
            "require_tenseal", "rotation_key_switches"]
@@ -192,19 +192,19 @@ class SealOps:
     """:class:`~polyfhe.fhe.execute.SlotOps` on SEAL ciphertexts; ``level`` counts rescales consumed.
 
     Plaintext diagonals and biases come from a :class:`~polyfhe.fhe.plaintexts.PlaintextStore` (``plaintext_cache``:
-    a store, or a program's ``plaintext_cache`` dict that keeps one shared by its servers; ``max_cache_bytes``:
-    its budget, ``None`` for the store's own). ``counts`` are cumulative; see :data:`COUNTERS`.
+    usually the program's, shared by its servers; a private one when ``None``; ``max_cache_bytes``: its budget,
+    ``None`` for the store's own). ``counts`` are cumulative; see :data:`COUNTERS`.
     """
 
     def __init__(self, seal: SealContext, relin_keys, galois_keys=None,
-                 plaintext_cache: PlaintextStore | dict | None = None, max_cache_bytes: int | None = None):
+                 plaintext_cache: PlaintextStore | None = None, max_cache_bytes: int | None = None):
         self.seal = seal
         self.ev = seal.evaluator
         self.relin_keys = relin_keys
         self.galois_keys = galois_keys
         self.slots = seal.slots
         self.scale = seal.params.scale
-        self.store = shared_store(plaintext_cache, max_cache_bytes)
+        self.store = store_with_budget(plaintext_cache, max_cache_bytes)
         self.counts = dict.fromkeys(COUNTERS, 0)
         self._rotation_costs: dict[int, int] = {}  # step -> key switches, from the Galois keys held
         self._lock = threading.Lock()
@@ -252,7 +252,7 @@ class SealOps:
         return self.seal.last_prime(ct) * self.scale / ct.scale
 
     @contextlib.contextmanager
-    def _plaintext(self, key, vec, parms_id, scale: float):
+    def _plaintext(self, key: PlaintextKey, vec, parms_id, scale: float):
         """The store's plaintext for ``key`` (encoded here on a miss), leased for the block."""
         encoded = False
 
@@ -261,7 +261,7 @@ class SealOps:
             encoded = True
             return self.seal.encode(vec, parms_id, scale)
 
-        with self.store.lease((key, tuple(parms_id), round(scale)), encode) as pt:
+        with self.store.lease(key.encoded_at(parms_id, scale), encode) as pt:
             yield pt
         self._count("encodes" if encoded else "plaintext_hits")
 

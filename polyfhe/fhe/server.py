@@ -78,7 +78,7 @@ class CKKSServer:
     def __init__(self, program: CKKSProgram, public_context: bytes, *,
                  max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES,
                  max_ciphertext_bytes: int = DEFAULT_MAX_CIPHERTEXT_BYTES,
-                 plaintext_cache: PlaintextStore | dict | None = None, max_cache_bytes: int | None = None) -> None:
+                 plaintext_cache: PlaintextStore | None = None, max_cache_bytes: int | None = None) -> None:
         """``plaintext_cache``: the plaintext store (default: the program's, shared by all its servers);
         ``max_cache_bytes``: its budget in bytes (``None`` keeps the store's own, 3 GiB for a new one)."""
         self.program = program
@@ -102,7 +102,7 @@ class CKKSServer:
             if missing:
                 raise WireError(f"public context lacks Galois keys for rotations {missing[:8]}")
         self.context_bytes = len(public_context)
-        cache = plaintext_cache if plaintext_cache is not None else program.plaintext_cache
+        cache = plaintext_cache if plaintext_cache is not None else program.shared.plaintexts
         self._ops = SealOps(self.seal, relin, galois, cache, max_cache_bytes)
         self.plaintext_store = self._ops.store
         self.last_run = RunStats()

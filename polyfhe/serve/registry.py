@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from polyfhe.fhe.params import estimated_sizes as params_sizes
-from polyfhe.fhe.plaintexts import shared_store
+from polyfhe.fhe.plaintexts import store_with_budget
 from polyfhe.fhe.program import CKKSProgram, ProgramError, load_program
 
 __all__ = ["CARD_FILE", "Model", "Registry", "RegistryError", "estimated_sizes"]
@@ -123,7 +123,7 @@ class Registry:
             self.skipped[name] = str(exc)
             log.warning("skipping program %s: %s", name, exc)
             return
-        shared_store(program.plaintext_cache, self.plaintext_cache_bytes)  # its servers find it there
+        store_with_budget(program.shared.plaintexts, self.plaintext_cache_bytes)  # its servers share it
         self.models[name] = Model(name, program, _read_card(folder))
         log.info("serving model %s (program %s, %s)", name, program.program_id, program.params.describe())
 

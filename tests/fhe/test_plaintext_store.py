@@ -15,7 +15,7 @@ from torch import nn
 
 import polyfhe
 from polyfhe.cli import main
-from polyfhe.fhe.plaintexts import STORE_KEY, PlaintextStore, plaintext_cost, shared_store
+from polyfhe.fhe.plaintexts import PlaintextKey, PlaintextStore, plaintext_cost, store_with_budget
 from polyfhe.fhe.program import CKKSProgram
 from polyfhe.fhe.seal_backend import naf_terms, rotation_key_switches
 
@@ -147,12 +147,21 @@ def test_a_failed_encode_is_not_cached_and_is_tried_again():
     assert _put(store, Fake("k", 1)).name == "k" and store.stats().encodes == 1
 
 
-def test_a_program_dict_keeps_one_shared_store():
-    holder: dict = {}
-    first = shared_store(holder)
-    assert holder[STORE_KEY] is first and shared_store(holder) is first
-    assert shared_store(holder, 1234) is first and first.max_bytes == 1234
-    assert shared_store(first) is first and shared_store(None) is not first
+def test_a_program_keeps_one_store_for_its_servers_and_budgets_apply_to_it():
+    from polyfhe.fhe.program import CKKSProgram
+
+    prog = CKKSProgram(manifest=None, arrays={})
+    first = prog.shared.plaintexts
+    assert store_with_budget(first) is first and store_with_budget(first, 1234) is first and first.max_bytes == 1234
+    assert store_with_budget(None) is not first
+    assert CKKSProgram(manifest=None, arrays={}).shared.plaintexts is not first  # per program, not per process
+
+
+def test_plaintext_keys_name_what_they_hold():
+    diag = PlaintextKey.diagonal(7, 1, 3)
+    assert diag.encoded_at([1, 2], 2.0**30 + 0.4) == PlaintextKey(7, 1, 3, (1, 2), 2**30)
+    assert diag.encoded_at([1, 2], 2.0**30) != diag.encoded_at([1], 2.0**30)  # another level: another plaintext
+    assert PlaintextKey.bias(7) != PlaintextKey.diagonal(7, 0, 0) and PlaintextKey.bias(7).row is None
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -245,11 +254,24 @@ def test_concurrent_runs_of_one_program_encode_each_plaintext_once(tiny, monkeyp
     def run(i: int) -> None:
         answers[i] = client.decrypt(servers[i].run(query))
 
+    before, peak, done = threading.active_count(), [0], threading.Event()
+
+    def watch() -> None:  # the most threads alive at once while the three sessions run
+        while not done.is_set():
+            peak[0] = max(peak[0], threading.active_count())
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(servers))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    done.set()
+    watcher.join()
+    # one pool of 4 workers for the process (possibly already alive), not 4 more per request
+    assert peak[0] <= before + 1 + len(servers) + 4
     stats = servers[0].plaintext_store.stats()
     assert stats.encodes == program.manifest.info["planned"]["encodes_cold"] == stats.entries
     assert sum(s.last_run.counts["encodes"] for s in servers) == stats.encodes

@@ -203,20 +203,25 @@ class LattigoClient:
 # ------------------------------------------------------------------------------------------------------------
 def _shared_model(program):
     """One loaded evaluator model per program, shared by its sessions (it is immutable once loaded)."""
-    cached = program.engine_cache.get(NAME)
-    if cached is None:
-        evaluator = _evaluator_lib()
-        lowered: LattigoModel = lower(program)
-        if tuple(lowered.galois_steps) != tuple(program.manifest.galois_steps):
-            raise ValueError(f"program {program.program_id}: its Galois steps do not match its Lattigo lowering "
-                             "(exported by another polyfhe version?); export it again with backend='lattigo'")
-        t0 = time.perf_counter()
-        model = evaluator.Model.load(lowered.data)
-        cached = (model, lowered)
-        program.engine_cache[NAME] = cached
-        log.info("loaded Lattigo model for %s (%.0f MB) in %.2f s", program.program_id, len(lowered.data) / 1e6,
-                 time.perf_counter() - t0)
+    with program.shared.lock:  # two sessions starting at once load the model once
+        cached = program.shared.engines.get(NAME)
+        if cached is None:
+            cached = program.shared.engines[NAME] = _load_model(program)
     return cached
+
+
+def _load_model(program) -> tuple:
+    """(evaluator model, :class:`LattigoModel`) for ``program``: lowered again, checked against its manifest."""
+    evaluator = _evaluator_lib()
+    lowered: LattigoModel = lower(program)
+    if tuple(lowered.galois_steps) != tuple(program.manifest.galois_steps):
+        raise ValueError(f"program {program.program_id}: its Galois steps do not match its Lattigo lowering "
+                         "(exported by another polyfhe version?); export it again with backend='lattigo'")
+    t0 = time.perf_counter()
+    model = evaluator.Model.load(lowered.data)
+    log.info("loaded Lattigo model for %s (%.0f MB) in %.2f s", program.program_id, len(lowered.data) / 1e6,
+             time.perf_counter() - t0)
+    return model, lowered
 
 
 class LattigoServer:
