@@ -196,7 +196,10 @@ def baseline_tree(ref: str, root: Path) -> Path:
 
 
 def tree_env(tree: Path | None) -> dict:
-    env = dict(os.environ)
+    """The stages' environment: Go's collector settings for Lattigo (read only at process start), the tree's path."""
+    from polyfhe.fhe.backends.go_env import GO_ENV_DEFAULTS
+
+    env = {**GO_ENV_DEFAULTS, **os.environ}
     if tree is not None:  # a path entry wins over the editable install's finder
         env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
