@@ -151,8 +151,8 @@ def stage_client(folder: Path, program: Path, tree_env: dict, images: int) -> di
     model = torch.load(folder / "model.pt", weights_only=False).double()
     with torch.no_grad():
         reference = model(torch.from_numpy(test.astype(np.float64))).numpy()
+    start = time.perf_counter()  # keys are made in the constructor (Lattigo) or on the first context (SEAL)
     client = prog.client()
-    start = time.perf_counter()
     context = client.public_context()
     keygen = time.perf_counter() - start
     lanes = prog.manifest.samples_per_ciphertext
