@@ -82,7 +82,7 @@ def lattigo_primes(params) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 def modulus_bits(params) -> float:
     """log2 of the whole modulus Lattigo builds for ``params`` (ciphertext primes and the special prime)."""
-    return sum(math.log2(q) for q in (q for chain in lattigo_primes(params) for q in chain))
+    return sum(math.log2(q) for chain in lattigo_primes(params) for q in chain)
 
 
 def lower(program) -> LattigoModel:

@@ -41,8 +41,7 @@ import numpy as np
 from polyfhe.fhe.client import galois_element as rotation_galois_element
 
 __all__ = ["LattigoModel", "LattigoScales", "bsgs_rotations", "evaluation_key_set", "galois_element", "lattigo_params",
-           "lower_program",
-           "parse_container", "run_container_plain"]
+           "lower_program", "parse_container", "run_container_plain"]
 
 MAGIC = b"ORION\x00\x02\x00"
 GALOIS_GENERATOR = 5  # Lattigo's rotation generator (SEAL uses 3)
@@ -144,11 +143,7 @@ class Tag:
 
 
 class LattigoScales:
-    """Lattigo's scale bookkeeping for the evaluator's nodes, on a given prime chain (exact rationals).
-
-    ``moduli`` are the ciphertext primes Q[0..L]; ``None`` means each is exactly ``2**bits`` of ``params``
-    (then nothing drifts and no term needs a correction).
-    """
+    """Lattigo's scale bookkeeping for the evaluator's nodes, on the ciphertext primes Q[0..L] (exact rationals)."""
 
     def __init__(self, moduli: Sequence[int], scale_bits: int) -> None:
         self.moduli = [int(q) for q in moduli]
@@ -174,9 +169,12 @@ class LattigoScales:
         fa, fb = (1.0, weak) if a.scale >= b.scale else (weak, 1.0)
         return Tag(min(a.level, b.level), big), fa, fb
 
+    def bias(self, tag: Tag) -> Tag:
+        """A transform's bias: a plaintext the evaluator encoded at the default scale, added like a ciphertext."""
+        return Tag(tag.level, self.default)
+
     def with_bias(self, tag: Tag) -> tuple[Tag, float, float]:
-        """A transform's bias is a plaintext the evaluator encoded at the default scale: an add like any other."""
-        return self.add(tag, Tag(tag.level, self.default))
+        return self.add(tag, self.bias(tag))
 
 
 @dataclass
@@ -218,11 +216,11 @@ def _plain_diagonals(ks: np.ndarray, stored: np.ndarray, baby: int) -> np.ndarra
     return np.stack([np.roll(d, -int(g)) for d, g in zip(stored, giants, strict=True)]) if len(ks) else stored
 
 
-def _summed_term_weights(scales: LattigoScales, tags: list[Tag]) -> tuple[Tag, list[float]]:
+def _summed_term_weights(tags: list[Tag]) -> tuple[Tag, list[float]]:
     """The tag of ``((t0 + t1) + t2) + ...`` and the factor Lattigo's adds put on each term's value."""
     acc, weights = tags[0], [1.0]
     for tag in tags[1:]:
-        acc, f_acc, f_term = scales.add(acc, tag)
+        acc, f_acc, f_term = LattigoScales.add(acc, tag)
         weights = [w * f_acc for w in weights] + [f_term]
     return acc, weights
 
@@ -267,17 +265,13 @@ def lower_program(program, moduli: Sequence[int] | None = None) -> LattigoModel:
         doublings = int(math.log2(virtual // period)) if reduce else 0
         level = top - (step.level - 1)
         terms = attrs["terms"]
-        term_tags = [scales.linear(tags[t["input"]], level) for t in terms]
-        bias_weight = 1.0
-        if attrs.get("bias"):  # the bias joins the first term before the terms are summed
-            term_tags[0], first_weight, bias_weight = scales.with_bias(term_tags[0])
-        out_tag, weights = _summed_term_weights(scales, term_tags)
-        if attrs.get("bias"):
-            bias_weight *= weights[0]
-            weights[0] *= first_weight
-        corrections = [*weights, bias_weight]
-        counts["scale_corrections"] += sum(w != 1.0 for w in corrections)
-        worst_correction = max(worst_correction, *(abs(1.0 / w - 1.0) for w in corrections))
+        chain = [scales.linear(tags[t["input"]], level) for t in terms]
+        if attrs.get("bias"):  # the evaluator adds the bias to the first term, before the terms are summed
+            chain.insert(1, scales.bias(chain[0]))
+        out_tag, weights = _summed_term_weights(chain)
+        counts["scale_corrections"] += sum(w != 1.0 for w in weights)
+        worst_correction = max(worst_correction, *(abs(1.0 / w - 1.0) for w in weights))
+        bias_weight = weights.pop(1) if attrs.get("bias") else 1.0
         parts = []
         for j, term in enumerate(terms):
             ks = np.asarray(program.arrays[term["ks"]], dtype=np.int64)
