@@ -20,6 +20,7 @@ from polyfhe.export.ckks.circuit import Circuit
 from polyfhe.export.ckks.counters import plan_counters
 from polyfhe.export.ckks.lower import lower_onnx
 from polyfhe.export.ckks.plan import plan_batch, plan_single
+from polyfhe.export.ckks.spend import LevelSpend, spend_budget, spend_levels
 from polyfhe.fhe.backends import DEFAULT_BACKEND, BackendUnavailable, get_backend
 from polyfhe.fhe.params import CKKSParams, ParameterError, choose_params, validate
 from polyfhe.fhe.program import LAYOUTS, CKKSProgram, ProgramManifest
@@ -84,6 +85,38 @@ def _calibration_ranges(circuit: Circuit, calibration: Any) -> tuple[float, tupl
                                                                      "max_abs_value": max(ranges.values())}
 
 
+def _spend(proto: onnx.ModelProto, circuit: Circuit, calibration: Any, slots_needed: int, calibrated: tuple,
+           params: CKKSParams | None, ring: int | None, scale_bits: int | None,
+           reserve_bits: int) -> tuple[Circuit, float, tuple, dict, dict | None, int | None]:
+    """``spend.py`` on the level budget of the ring the merged circuit gets: (circuit, max |value|, input range,
+    calibration info, what was decided, ring). The ring stays the one the budget was computed for, so spending
+    never moves a program to a larger ring; a factored circuit whose new registers need more headroom than that
+    ring has left is dropped."""
+    max_abs = calibrated[0]
+    if params is not None:
+        ring, budget = params.poly_modulus_degree, params.levels
+    else:
+        try:
+            ring = choose_params(circuit.depth, slots_needed, max_abs, scale_bits=scale_bits,
+                                 poly_modulus_degree=ring, reserve_bits=reserve_bits).poly_modulus_degree
+        except ParameterError:
+            return (circuit, *calibrated, None, ring)  # refused by the caller, with the full explanation
+        budget = spend_budget(circuit.depth, ring, max_abs, reserve_bits, scale_bits)
+    decision = spend_levels(proto, circuit, budget)
+    if not decision.factored:
+        return (circuit, *calibrated, decision.to_info(), ring)
+    factored = _calibration_ranges(decision.circuit, calibration)
+    if params is None:
+        try:
+            choose_params(decision.circuit.depth, slots_needed, factored[0], scale_bits=scale_bits,
+                          poly_modulus_degree=ring, reserve_bits=reserve_bits)
+        except ParameterError:
+            log.info("the factored circuit's %d levels do not fit N=%d at its value ranges: kept merged",
+                     decision.circuit.depth, ring)
+            return (circuit, *calibrated, LevelSpend(circuit, circuit.depth, budget).to_info(), ring)
+    return (decision.circuit, *factored, decision.to_info(), ring)
+
+
 def export_ckks(
     model: Any,
     *,
@@ -98,6 +131,7 @@ def export_ckks(
     galois_key_budget: int = GALOIS_KEY_BUDGET,
     samples_per_ciphertext: int | None = None,
     backend: str = DEFAULT_BACKEND,
+    spend_levels: bool = True,
 ) -> CKKSProgram:
     """Compile ``model`` (module or ONNX) into a CKKS program for ``layout`` ("single" or "batch").
 
@@ -108,6 +142,9 @@ def export_ckks(
     ``samples_per_ciphertext`` (single layout): interleave this many samples per ciphertext at the cost of
     one; None takes as many as the widest tensor leaves room for (1 when it needs every slot).
     ``backend``: the engine that makes the keys and runs the program ("seal" or "lattigo"; the manifest names it).
+    ``spend_levels`` (single layout): compute depthwise convolutions on their own, a level each, when the ring
+    has levels to spare at a scale of at least 2^27 and that is estimated clearly cheaper (``spend.py``);
+    ``False`` keeps every map merged at the analyzer's level bound (the most precise plan).
     """
     from polyfhe.analysis import analyze
 
@@ -133,6 +170,11 @@ def export_ckks(
         raise CKKSExportError(f"{name}: {exc}") from exc
     max_abs, input_range, cal_info = _calibration_ranges(circuit, calibration)
     slots_needed = circuit.max_size() if layout == "single" else 1
+    spend_info = None
+    if layout == "single" and spend_levels:
+        circuit, max_abs, input_range, cal_info, spend_info, poly_modulus_degree = _spend(
+            proto, circuit, calibration, slots_needed, (max_abs, input_range, cal_info), params, poly_modulus_degree, scale_bits,
+            ENGINE_RESERVE_BITS.get(backend, 0))
     try:
         if params is None:
             params = choose_params(circuit.depth, slots_needed, max_abs, scale_bits=scale_bits,
@@ -170,6 +212,7 @@ def export_ckks(
         "planned": planned,
         "model_name": name, "degree": circuit.degrees()[circuit.output], "depth": circuit.depth,
         "analyzer": {"degree": report.degree, "mult_depth": report.mult_depth, "levels": report.levels},
+        **({"level_spend": spend_info} if spend_info else {}),
         "output_shape": list(circuit.output_shape), **plan.stats, **cal_info,
     }
     manifest = ProgramManifest(

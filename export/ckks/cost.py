@@ -36,17 +36,20 @@ def _layout(shape: tuple[int, ...]) -> np.ndarray:
 
 
 def term_diagonals(stacked, in_shape: tuple[int, ...], out_shape: tuple[int, ...],
-                   packed_input: bool = False) -> int:
+                   packed_input: bool = False, input_slots: np.ndarray | None = None) -> int:
     """Plaintext diagonals of one term, a sparse ``(n_in, out_size)`` matrix (input basis images).
 
     ``packed_input``: the term reads the program input, which the client packs for its first consumer
-    (token-aligned, see ``layout.py``), so it is counted in that packing.
+    (token-aligned, see ``layout.py``). ``input_slots`` is that packing once the first consumer is known;
+    before, the term is counted as if it were the first consumer.
     """
     cols, rows, _ = nonzero(stacked)
     if len(rows) == 0:
         return 0
     slot_in, slot_out = _layout(tuple(in_shape)), _layout(tuple(out_shape))
-    if packed_input:
+    if packed_input and input_slots is not None:
+        slot_in = input_slots
+    elif packed_input:
         width = _token_width(tuple(out_shape))
         matrix = stacked.T
         packed = token_aligned(matrix, slot_out, width, 1 << 62) if width > 1 else None

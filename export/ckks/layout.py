@@ -26,7 +26,7 @@ from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
 log = logging.getLogger(__name__)
 FALLBACK = -1  # key of choose_layouts' result when it fell back to natural layouts
 
-__all__ = ["choose_layouts", "diagonal_count"]
+__all__ = ["choose_layouts", "diagonal_count", "input_packing"]
 
 
 def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -126,6 +126,22 @@ def token_aligned(matrix: np.ndarray, slot_out: np.ndarray, width: int, slots: i
     return slot_of if slot_of.max() < slots else None
 
 
+def input_packing(matrix, out_shape: tuple[int, ...], slots: int) -> np.ndarray:
+    """The client's packing of the program input, chosen for its first consumer ``matrix`` (output ``out_shape``).
+
+    The natural order or a token-aligned packing for one of the output's candidate layouts, whichever gives
+    that map the fewest diagonals. The lowering calls this too, so that the cost of every later map reading
+    the input is counted in the packing the input will really have.
+    """
+    base = np.arange(matrix.shape[1])
+    options = [(diagonal_count(matrix, slot_out, base, period_of(base)), base) for slot_out in _candidates(out_shape, slots)]
+    for slot_out, width in _blocked_candidates(out_shape, slots):
+        packed = token_aligned(matrix, slot_out, width, slots)
+        if packed is not None:
+            options.append((diagonal_count(matrix, slot_out, packed, period_of(packed)), packed))
+    return min(options, key=lambda o: (o[0], period_of(o[1])))[1]
+
+
 def _candidates(shape: tuple[int, ...], slots: int) -> list[np.ndarray]:
     """Layouts worth trying for a register, preferred first (ties go to the earlier one).
 
@@ -180,15 +196,7 @@ def choose_layouts(circuit: Circuit, slots: int) -> dict[int, np.ndarray]:
     first = next((n for n in circuit.nodes if isinstance(n, LinearNode) and 0 in n.inputs), None)
     layouts[0] = natural(circuit.shapes[0])
     if first is not None:
-        matrix = first.matrices[first.inputs.index(0)]
-        out_shape = circuit.shapes[first.out]
-        options = [(diagonal_count(matrix, slot_out, layouts[0], period_of(layouts[0])), layouts[0])
-                   for slot_out in _candidates(out_shape, slots)]
-        for slot_out, width in _blocked_candidates(out_shape, slots):
-            packed = token_aligned(matrix, slot_out, width, slots)
-            if packed is not None:
-                options.append((diagonal_count(matrix, slot_out, packed, period_of(packed)), packed))
-        layouts[0] = min(options, key=lambda o: (o[0], period_of(o[1])))[1]
+        layouts[0] = input_packing(first.matrices[first.inputs.index(0)], circuit.shapes[first.out], slots)
     periods[0] = period_of(layouts[0])
     for node in circuit.nodes:
         shape = circuit.shapes[node.out]

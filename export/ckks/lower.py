@@ -32,14 +32,17 @@ from polyfhe.export.ckks.affine import (
 )
 from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
 from polyfhe.export.ckks.cost import map_cost, term_diagonals
+from polyfhe.export.ckks.layout import input_packing
+from polyfhe.ort_providers import inference_session  # the probe stays on CPU: its values feed the compiler
 
-__all__ = ["lower_onnx"]
+__all__ = ["factoring_sites", "lower_onnx"]
 
 log = logging.getLogger(__name__)
 
 # Outputs of weighted ops may be read by later maps as a register of their own (a checkpoint): a low-rank
 # pair or a patch embedding stays factored when merging it into its consumers would cost more.
 CHECKPOINT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+UNBOUNDED_SLOTS = 1 << 62  # estimates ignore the ring: it is chosen after lowering
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 
 
@@ -87,7 +90,7 @@ def _probe(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
     try:
-        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = inference_session(probe.SerializeToString(), options, device="cpu")
         values = session.run(None, feeds)
     except Exception as exc:
         raise LoweringError(f"onnxruntime could not run the model to find its shapes: {exc}") from exc
@@ -97,8 +100,9 @@ def _probe(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 class _Lowering:
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, factored: frozenset[str] = frozenset()) -> None:
         model = _fix_batch_axis(model)
+        self.factored = factored  # names of spatial convolutions computed as registers of their own
         self.model = model
         self.folder = ConstantFolder(model)
         self.probed = _probe(model)  # values for zero input: exact for constants, shapes for everything
@@ -129,6 +133,9 @@ class _Lowering:
         self._shadow_offsets: dict[int, tuple[sp.csr_matrix, np.ndarray]] = {}
         self._costs: dict[int, tuple[weakref.ref, float]] = {}  # id(form) -> (ref, estimated map cost)
         self._shadow_regs: dict[int, int] = {}  # shadow id -> register, once materialised
+        # the client's packing of the input, fixed by its first consumer (layout.input_packing); until then
+        # every map reading the input is costed as if it were that consumer
+        self._input_slots: np.ndarray | None = None
 
     # ---------------------------------------------------------------------------------------------------
     def run(self) -> Circuit:
@@ -185,7 +192,9 @@ class _Lowering:
                 raise LoweringError(f"node {node.name} ({op}): an operand is neither encrypted nor a known constant")
             src = self.env[node.input[enc.index(True)]]
             result = apply_linear(node, src, consts, out_shape)
-            if op in CHECKPOINT_OPS:
+            if node.name in self.factored:  # spend a level: consumers read this register, not the merged map
+                result = self._identity(self._materialise(result, f"{node.name} (factored)"), out_shape)
+            elif op in CHECKPOINT_OPS:
                 self._checkpoint(result)
                 result = self._prune(result)
             self.env[node.output[0]] = result
@@ -283,8 +292,8 @@ class _Lowering:
         """Estimated cost of the map computing this form, plus (``pending``) that of the shadows it creates."""
         known = self._costs.get(id(expr))
         if known is None or known[0]() is not expr:
-            diagonals = sum(term_diagonals(arr, self._reg_shape(r), expr.shape, packed_input=r == 0)
-                            for r, arr in expr.terms.items())
+            diagonals = sum(term_diagonals(arr, self._reg_shape(r), expr.shape, packed_input=r == 0,
+                                           input_slots=self._input_slots) for r, arr in expr.terms.items())
             known = self._costs[id(expr)] = (weakref.ref(expr), map_cost(diagonals))
         return known[1] + (self._pending(expr) if pending else 0.0)
 
@@ -404,6 +413,8 @@ class _Lowering:
         matrices = [chosen.terms[r].T.tocsr() for r in inputs]
         bias = None if chosen.const is None or not np.any(chosen.const) else chosen.const.reshape(-1).copy()
         self.circuit.nodes.append(LinearNode(reg, inputs, matrices, bias, size, label))
+        if 0 in inputs and self._input_slots is None:
+            self._fix_input_packing(matrices[inputs.index(0)], tuple(expr.shape))
         self.circuit.sizes[reg] = size
         self.circuit.shapes[reg] = tuple(expr.shape)
         self._levels[reg] = max(self._levels[r] for r in inputs) + 1
@@ -411,6 +422,13 @@ class _Lowering:
         self._bind_checkpoints(expr, reg)
         expr.alternatives.append(self._identity(reg, expr.shape))
         return reg
+
+    def _fix_input_packing(self, matrix: sp.csr_matrix, out_shape: tuple[int, ...]) -> None:
+        """The first map reading the input decides its packing: estimates made before assumed every reader
+        would get a packing of its own, so they are dropped."""
+        self._input_slots = input_packing(matrix, out_shape, UNBOUNDED_SLOTS)
+        self._costs.clear()
+        self._shadow_costs.clear()
 
     def _bind_checkpoints(self, expr: AffineExpr, reg: int) -> None:
         """Checkpoints that ``reg`` holds up to a per-element scale and offset are read from ``reg`` instead.
@@ -492,9 +510,27 @@ def _identity_register(form: AffineExpr, size: int, sizes: dict[int, int]) -> in
     return None
 
 
-def lower_onnx(model: onnx.ModelProto) -> Circuit:
-    """Lower a polynomial ONNX model (one input, one output, static shapes) to a :class:`Circuit`."""
-    circuit = _Lowering(model).run()
+def factoring_sites(model: onnx.ModelProto) -> list[str]:
+    """Convolutions worth computing on their own at the price of a level: grouped (depthwise) ones with a
+    spatial kernel. Merged into the channel maps around them, each of their taps multiplies those maps'
+    diagonals; on their own they cost a diagonal per tap."""
+    weights = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    sites = []
+    for index, node in enumerate(model.graph.node):
+        if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in weights:
+            continue
+        dims = weights[node.input[1]]
+        if int(attributes(node).get("group", 1)) > 1 and int(np.prod(dims[2:])) > 1:
+            sites.append(node.name or f"{node.op_type}_{index}")
+    return sites
+
+
+def lower_onnx(model: onnx.ModelProto, factored: frozenset[str] = frozenset()) -> Circuit:
+    """Lower a polynomial ONNX model (one input, one output, static shapes) to a :class:`Circuit`.
+
+    ``factored``: names of convolutions (see :func:`factoring_sites`) computed as registers of their own.
+    """
+    circuit = _Lowering(model, frozenset(factored)).run()
     log.info("lowered %d nodes: %d linear maps, %d products, depth %d, largest register %d",
              len(model.graph.node), sum(isinstance(n, LinearNode) for n in circuit.nodes),
              sum(not isinstance(n, LinearNode) for n in circuit.nodes), circuit.depth, circuit.max_size())

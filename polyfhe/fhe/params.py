@@ -13,7 +13,8 @@ import math
 from dataclasses import asdict, dataclass
 
 __all__ = [
-    "MAX_BITS_128", "CKKSParams", "ParameterError", "choose_params", "fingerprint_params", "security_bits_ok",
+    "MAX_BITS_128", "CKKSParams", "ParameterError", "choose_params", "fingerprint_params", "max_levels",
+    "security_bits_ok",
 ]
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ def choose_params(
     The first prime holds ``scale * max_abs_value`` with 8 bits of margin. Raises :class:`ParameterError`
     saying how many levels are needed and how many fit when nothing does.
     """
-    headroom = max(1, math.ceil(math.log2(max(max_abs_value, 1.0)))) + 8
+    headroom = _headroom(max_abs_value)
     rings = [poly_modulus_degree] if poly_modulus_degree else list(RING_SIZES)
     scales = [scale_bits] if scale_bits else list(range(max_scale_bits, min_scale_bits - 1, -1))
     best_fit: list[str] = []
@@ -133,13 +134,23 @@ def choose_params(
             if sum(bits) <= MAX_BITS_128[n] - reserve_bits:
                 return CKKSParams(n, bits, s)
         s = scales[-1]
-        first = min(MAX_PRIME_BITS, s + headroom)
-        fit = max(0, (MAX_BITS_128[n] - reserve_bits - 2 * first) // s)
+        fit = max_levels(n, max_abs_value, s, reserve_bits)
         best_fit.append(f"N={n}: {fit} levels at a {s}-bit scale")
     raise ParameterError(
         f"the program needs {levels} levels on {slots_needed} slots with values up to {max_abs_value:.3g}; "
         f"leveled CKKS at 128-bit security offers: {'; '.join(best_fit)}. Use a shallower model (fewer "
         "Poly-Blocks / lower degree), a smaller input, or calibrate to tighter value ranges.")
+
+
+def _headroom(max_abs_value: float) -> int:
+    """Bits the first prime holds above the scale: the largest value plus 8 bits of margin."""
+    return max(1, math.ceil(math.log2(max(max_abs_value, 1.0)))) + 8
+
+
+def max_levels(poly_modulus_degree: int, max_abs_value: float, scale_bits: int, reserve_bits: int = 0) -> int:
+    """Levels a secure chain of ``scale_bits`` primes holds on this ring (first and special prime as chosen above)."""
+    first = min(MAX_PRIME_BITS, scale_bits + _headroom(max_abs_value))
+    return max(0, (MAX_BITS_128[poly_modulus_degree] - reserve_bits - 2 * first) // scale_bits)
 
 
 def estimated_sizes(params: CKKSParams, galois_keys: int) -> dict[str, int]:
