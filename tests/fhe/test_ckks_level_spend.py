@@ -15,8 +15,7 @@ from ckks_testlib import Square, digits, train
 from torch import nn
 
 import polyfhe
-import polyfhe.export.ckks.spend as spend
-from polyfhe.export.ckks import to_onnx_model
+from polyfhe.export.ckks import spend, to_onnx_model
 from polyfhe.export.ckks.lower import factoring_sites, lower_onnx
 from polyfhe.export.ckks.plan import plan_single
 from polyfhe.fhe.params import ParameterError, choose_params, max_levels
