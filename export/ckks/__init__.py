@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,9 @@ from polyfhe.export.ckks.circuit import Circuit
 from polyfhe.export.ckks.counters import plan_counters
 from polyfhe.export.ckks.lower import lower_onnx
 from polyfhe.export.ckks.plan import plan_batch, plan_single
-from polyfhe.export.ckks.spend import LevelSpend, spend_budget, spend_levels
+from polyfhe.export.ckks.spend import MIN_SPEND_SCALE_BITS, LevelSpend, spend_budget, spend_levels
 from polyfhe.fhe.backends import DEFAULT_BACKEND, BackendUnavailable, get_backend
-from polyfhe.fhe.params import CKKSParams, ParameterError, choose_params, validate
+from polyfhe.fhe.params import DEFAULT_MIN_SCALE_BITS, CKKSParams, ParameterError, choose_params, validate
 from polyfhe.fhe.program import LAYOUTS, CKKSProgram, ProgramManifest
 
 __all__ = ["CKKSExportError", "LoweringError", "export_ckks", "to_onnx_model"]
@@ -85,13 +86,22 @@ def _calibration_ranges(circuit: Circuit, calibration: Any) -> tuple[float, tupl
                                                                      "max_abs_value": max(ranges.values())}
 
 
+@dataclass
+class _Spent:
+    """The circuit ``spend.py`` settled on, its calibrated ranges, and the ring and scale floor it needs."""
+
+    circuit: Circuit
+    calibrated: tuple  # (max |value|, input range, calibration info) of ``circuit``
+    info: dict | None  # what was decided, for the manifest (None: not considered)
+    ring: int | None
+    min_scale_bits: int = DEFAULT_MIN_SCALE_BITS
+
+
 def _spend(proto: onnx.ModelProto, circuit: Circuit, calibration: Any, slots_needed: int, calibrated: tuple,
-           params: CKKSParams | None, ring: int | None, scale_bits: int | None,
-           reserve_bits: int) -> tuple[Circuit, float, tuple, dict, dict | None, int | None]:
-    """``spend.py`` on the level budget of the ring the merged circuit gets: (circuit, max |value|, input range,
-    calibration info, what was decided, ring). The ring stays the one the budget was computed for, so spending
-    never moves a program to a larger ring; a factored circuit whose new registers need more headroom than that
-    ring has left is dropped."""
+           params: CKKSParams | None, ring: int | None, scale_bits: int | None, reserve_bits: int) -> _Spent:
+    """``spend.py`` on the level budget of the ring the merged circuit gets. The ring stays the one the budget
+    was computed for, so spending never moves a program to a larger ring; a factored circuit whose registers
+    need more headroom than that ring has left is dropped."""
     max_abs = calibrated[0]
     if params is not None:
         ring, budget = params.poly_modulus_degree, params.levels
@@ -100,21 +110,21 @@ def _spend(proto: onnx.ModelProto, circuit: Circuit, calibration: Any, slots_nee
             ring = choose_params(circuit.depth, slots_needed, max_abs, scale_bits=scale_bits,
                                  poly_modulus_degree=ring, reserve_bits=reserve_bits).poly_modulus_degree
         except ParameterError:
-            return (circuit, *calibrated, None, ring)  # refused by the caller, with the full explanation
+            return _Spent(circuit, calibrated, None, ring)  # refused by the caller, with the full explanation
         budget = spend_budget(circuit.depth, ring, max_abs, reserve_bits, scale_bits)
     decision = spend_levels(proto, circuit, budget)
     if not decision.factored:
-        return (circuit, *calibrated, decision.to_info(), ring)
+        return _Spent(circuit, calibrated, decision.to_info(), ring)
     factored = _calibration_ranges(decision.circuit, calibration)
     if params is None:
         try:
             choose_params(decision.circuit.depth, slots_needed, factored[0], scale_bits=scale_bits,
-                          poly_modulus_degree=ring, reserve_bits=reserve_bits)
+                          min_scale_bits=MIN_SPEND_SCALE_BITS, poly_modulus_degree=ring, reserve_bits=reserve_bits)
         except ParameterError:
             log.info("the factored circuit's %d levels do not fit N=%d at its value ranges: kept merged",
                      decision.circuit.depth, ring)
-            return (circuit, *calibrated, LevelSpend(circuit, circuit.depth, budget).to_info(), ring)
-    return (decision.circuit, *factored, decision.to_info(), ring)
+            return _Spent(circuit, calibrated, LevelSpend(circuit, circuit.depth, budget).to_info(), ring)
+    return _Spent(decision.circuit, factored, decision.to_info(), ring, MIN_SPEND_SCALE_BITS)
 
 
 def export_ckks(
@@ -137,7 +147,7 @@ def export_ckks(
 
     ``calibration``: representative inputs (array) or a CalibrationResult; sets the output headroom.
     ``params`` / ``poly_modulus_degree`` / ``scale_bits``: overrides (insecure ones need ``allow_insecure``).
-    ``galois_key_budget``: bytes of rotation keys in the public context; past it, rare rotations are
+    ``galois_key_budget`` (SEAL; Lattigo plans its own keys): bytes of rotation keys in the public context; past it, rare rotations are
     composed from power-of-two keys (slower, smaller upload).
     ``samples_per_ciphertext`` (single layout): interleave this many samples per ciphertext at the cost of
     one; None takes as many as the widest tensor leaves room for (1 when it needs every slot).
@@ -170,15 +180,16 @@ def export_ckks(
         raise CKKSExportError(f"{name}: {exc}") from exc
     max_abs, input_range, cal_info = _calibration_ranges(circuit, calibration)
     slots_needed = circuit.max_size() if layout == "single" else 1
-    spend_info = None
+    spend_info, min_scale_bits = None, DEFAULT_MIN_SCALE_BITS
     if layout == "single" and spend_levels:
-        circuit, max_abs, input_range, cal_info, spend_info, poly_modulus_degree = _spend(
-            proto, circuit, calibration, slots_needed, (max_abs, input_range, cal_info), params, poly_modulus_degree, scale_bits,
-            ENGINE_RESERVE_BITS.get(backend, 0))
+        spent = _spend(proto, circuit, calibration, slots_needed, (max_abs, input_range, cal_info), params,
+                       poly_modulus_degree, scale_bits, ENGINE_RESERVE_BITS.get(backend, 0))
+        circuit, (max_abs, input_range, cal_info), spend_info = spent.circuit, spent.calibrated, spent.info
+        poly_modulus_degree, min_scale_bits = spent.ring, spent.min_scale_bits
     try:
         if params is None:
             params = choose_params(circuit.depth, slots_needed, max_abs, scale_bits=scale_bits,
-                                   poly_modulus_degree=poly_modulus_degree,
+                                   min_scale_bits=min_scale_bits, poly_modulus_degree=poly_modulus_degree,
                                    reserve_bits=ENGINE_RESERVE_BITS.get(backend, 0))
         params = validate(params, allow_insecure=allow_insecure)
     except ParameterError as exc:
@@ -196,7 +207,8 @@ def export_ckks(
                 f"{circuit.max_size()} elements at {params.describe()}, over the {batch_memory_budget / 2**30:.1f} "
                 "GiB budget; use layout='single' or raise batch_memory_budget")
     try:
-        max_keys = max(2 * params.slots.bit_length(), galois_key_budget // galois_key_bytes(params))
+        max_keys = (max(2 * params.slots.bit_length(), galois_key_budget // galois_key_bytes(params))
+                    if engine.composes_rotations else None)
         if layout == "batch" and samples_per_ciphertext not in (None, 1):
             raise LoweringError("samples_per_ciphertext applies to layout='single'; the batch layout already "
                                 "holds one sample per slot")

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass
 
 __all__ = [
-    "MAX_BITS_128", "CKKSParams", "ParameterError", "choose_params", "fingerprint_params", "max_levels",
+    "DEFAULT_MIN_SCALE_BITS", "MAX_BITS_128", "CKKSParams", "ParameterError", "choose_params", "fingerprint_params", "max_levels",
     "security_bits_ok",
 ]
 
@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 MAX_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
 RING_SIZES = (8192, 16384, 32768)
 MAX_PRIME_BITS = 60
+DEFAULT_MIN_SCALE_BITS = 30  # the smallest scale chosen unless a plan spends levels (export/ckks/spend.py)
 
 
 class ParameterError(ValueError):
@@ -107,7 +108,7 @@ def choose_params(
     *,
     scale_bits: int | None = None,
     max_scale_bits: int = 40,
-    min_scale_bits: int = 30,
+    min_scale_bits: int = DEFAULT_MIN_SCALE_BITS,
     poly_modulus_degree: int | None = None,
     reserve_bits: int = 0,
 ) -> CKKSParams:

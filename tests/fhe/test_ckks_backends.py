@@ -48,6 +48,27 @@ def test_manifest_names_its_backend_and_survives_a_round_trip(programs, tmp_path
     assert facts["modulus_bits"] <= 218  # N=8192's 128-bit bound, on Lattigo's own primes
 
 
+def test_only_an_engine_that_composes_rotations_gets_a_key_budget(monkeypatch):
+    """SEAL composes a rotation without a key from power-of-two keys; Lattigo plans its own key set, so a
+    key budget (and its composed-rotation fallback and warning) applies to SEAL programs only."""
+    import polyfhe.export.ckks as exporter
+
+    budgets = {}
+
+    def spy(circuit, slots, max_keys=None, *args, **kwargs):
+        budgets[len(budgets)] = max_keys
+        return plan_single(circuit, slots, max_keys, *args, **kwargs)
+
+    plan_single = exporter.plan_single
+    monkeypatch.setattr(exporter, "plan_single", spy)
+    _, _, x, _ = digits()
+    for backend in ("seal", "lattigo"):
+        export_ckks(digits_mlp(), backend=backend, calibration=x[:64], input_shape=(1, 8, 8))
+    assert budgets[0] is not None and budgets[0] >= 26  # SEAL: +-2^i keys at least
+    assert budgets[1] is None
+    assert get_backend("seal").composes_rotations and not get_backend("lattigo").composes_rotations
+
+
 def test_the_container_asks_exactly_for_the_manifests_keys(programs):
     from polyfhe.fhe.backends.lattigo_format import lower_program
 

@@ -42,6 +42,9 @@ class Backend:
     checked by polyfhe, not the engine) and returns the program the engine runs (same steps; engine-specific
     rotation keys and facts in ``manifest.info[name]``). ``client(manifest)`` and ``server(program, context)``
     build the two sides. ``available()`` raises :class:`BackendUnavailable` with an install hint.
+    ``composes_rotations``: the engine builds a rotation without a key of its own from power-of-two keys
+    (SEAL), so the planner may keep the key set within a budget; an engine that plans its own keys in
+    ``prepare`` (Lattigo) gets the plan without a budget, and no composed-rotation fallback.
     """
 
     name: str
@@ -51,3 +54,4 @@ class Backend:
     prepare: Callable[..., Any]
     client: Callable[..., ClientProtocol]
     server: Callable[..., ServerProtocol]
+    composes_rotations: bool = True

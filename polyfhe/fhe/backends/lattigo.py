@@ -280,4 +280,4 @@ class LattigoServer:
 
 
 BACKEND = Backend(NAME, "Lattigo v6 (hoisted BSGS) through the orion-v2 wheels", ("single",), _available, _prepare,
-                  LattigoClient, LattigoServer)
+                  LattigoClient, LattigoServer, composes_rotations=False)
