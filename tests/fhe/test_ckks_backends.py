@@ -69,6 +69,20 @@ def test_only_an_engine_that_composes_rotations_gets_a_key_budget(monkeypatch):
     assert get_backend("seal").composes_rotations and not get_backend("lattigo").composes_rotations
 
 
+def test_lattigo_key_set_size_is_predicted_and_an_unservable_one_refused(programs, monkeypatch):
+    import polyfhe.fhe.backends.lattigo as lattigo
+
+    prog = programs["lattigo"]
+    keys = len(prog.manifest.galois_steps) + 1  # and the relinearisation key
+    predicted = lattigo.key_set_bytes(prog.params, keys)
+    context = len(prog.client().public_context())
+    assert 0.9 * context <= predicted <= context
+    monkeypatch.setattr(lattigo, "DEFAULT_MAX_CONTEXT_BYTES", predicted - 1)
+    _, _, x, _ = digits()
+    with pytest.raises(CKKSExportError, match=f"Lattigo needs {keys - 1} rotation keys .* backend='seal'"):
+        export_ckks(digits_mlp(), calibration=x[:64], input_shape=(1, 8, 8), backend="lattigo")
+
+
 def test_the_container_asks_exactly_for_the_manifests_keys(programs):
     from polyfhe.fhe.backends.lattigo_format import lower_program
 

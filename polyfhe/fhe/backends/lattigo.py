@@ -41,7 +41,7 @@ from polyfhe.fhe.server import (
 )
 from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, WireError, pack, unpack
 
-__all__ = ["BACKEND", "LattigoClient", "LattigoServer", "lattigo_primes", "lower", "modulus_bits"]
+__all__ = ["BACKEND", "LattigoClient", "LattigoServer", "key_set_bytes", "lattigo_primes", "lower", "modulus_bits"]
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +104,32 @@ def check_security(params) -> None:
                 "real data.", params.describe(), bits, bound)
 
 
+def key_set_bytes(params, keys: int) -> int:
+    """Marshalled bytes of ``keys`` key-switching keys (Galois keys plus the relinearisation key): one
+    ciphertext pair per ciphertext prime, over every prime including the special one (measured: 2,624 MB for
+    monet_fhe_bn's 90 + 1 keys at N=16384 with 10 + 1 primes)."""
+    primes = len(params.coeff_mod_bits)
+    return keys * (primes - 1) * 2 * primes * params.poly_modulus_degree * 8
+
+
+def _check_key_set(params, galois_keys: int, needs_relin: bool) -> None:
+    """Refuse at export a key set no server would accept (over its default context limit), with the numbers."""
+    size = key_set_bytes(params, galois_keys + int(needs_relin))
+    if size > DEFAULT_MAX_CONTEXT_BYTES:
+        raise ValueError(
+            f"Lattigo needs {galois_keys} rotation keys ({size / 2**30:.1f} GiB of keys at {params.describe()}), "
+            f"over the {DEFAULT_MAX_CONTEXT_BYTES / 2**30:.0f} GiB public context a server accepts: it has no "
+            "composed rotations, so every rotation step the plan uses needs a key. Use backend='seal', which "
+            "composes rare rotations from a bounded key set, or a model with fewer channel blocks per map")
+
+
 def _prepare(program):
     """Lower once at export: the rotation steps the evaluator needs become the manifest's Galois keys."""
     from polyfhe.fhe.program import CKKSProgram
 
     check_security(program.params)
     lowered = lower(program)
+    _check_key_set(program.params, len(lowered.galois_steps), lowered.needs_relin)
     info = {**program.manifest.info, NAME: {"galois_keys": len(lowered.galois_steps), "needs_relin":
                                             lowered.needs_relin, "modulus_bits": round(modulus_bits(program.params), 3),
                                             **lowered.counts}}
