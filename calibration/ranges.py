@@ -20,6 +20,7 @@ import onnx
 from polyfhe.analysis import load_model
 from polyfhe.analysis.graph import topological_order
 from polyfhe.analysis.loader import ModelLike
+from polyfhe.ort_providers import inference_session
 
 __all__ = [
     "PERCENTILE_SAMPLES", "RangeAccumulator", "ValueRange", "array_range", "float_from_json", "json_float",
@@ -184,7 +185,7 @@ def profile_onnx_ranges(model: ModelLike, x: np.ndarray, batch_size: int = 256) 
     )
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(exposed.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = inference_session(exposed.SerializeToString(), options)
     input_type = onnx.helper.tensor_dtype_to_np_dtype(graph_input.type.tensor_type.elem_type)
     names = [name for name, _ in values]
     quota = PERCENTILE_SAMPLES / len(x)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from polyfhe.analysis import AnalysisReport, analyze
+from polyfhe.ort_providers import inference_session
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +61,7 @@ def resolve_input_shape(model: nn.Module, input_shape: tuple[int, ...] | None) -
 
 
 def _onnxruntime_outputs(path: Path, x: np.ndarray) -> np.ndarray:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = inference_session(path)
     return session.run(None, {INPUT_NAME: x})[0]
 
 

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from polyfhe.analysis import AnalysisReport
 from polyfhe.data.sources import ImageDataset, load_default_dataset, open_dataset
+from polyfhe.ort_providers import inference_session
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,8 @@ def torch_accuracy(model: Any, x: np.ndarray, y: np.ndarray, batch: int = 1000) 
 
 
 def onnx_accuracy(path: Path, x: np.ndarray, y: np.ndarray, batch: int = 1000) -> float:
-    """Top-1 accuracy of an exported ONNX model under onnxruntime (CPU)."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    """Top-1 accuracy of an exported ONNX model under onnxruntime (CUDA when onnxruntime-gpu offers it)."""
+    session = inference_session(path)
     name = session.get_inputs()[0].name
     correct = 0
     for start in range(0, len(x), batch):

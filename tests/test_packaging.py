@@ -1,0 +1,20 @@
+"""pyproject lists every package: a subpackage missing from `packages` works in an editable install and is
+silently absent from the wheel (it happened to polyfhe.fhe.backends)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_package_with_an_init_is_listed() -> None:
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set()
+    for name, folder in setuptools["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((name, *parts)))
+    assert "polyfhe.fhe.backends" in found
+    assert sorted(found - set(setuptools["packages"])) == []
