@@ -29,7 +29,6 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from polyfhe.models.layers.drop import DropPath
@@ -188,9 +187,10 @@ class RampDropout(nn.Module):
         self.p.fill_(self.rate * frac)
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training:
+        if not self.training or self.rate == 0.0:
             return x
-        return F.dropout(x, float(self.p), training=True)
+        # p stays on the device: float(p) would sync the GPU every step and break torch.compile's graph
+        return x * (torch.rand_like(x) >= self.p) / (1.0 - self.p)
 
 
 class SepDownsample(nn.Module):

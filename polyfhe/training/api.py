@@ -133,8 +133,9 @@ def train(
     model = _build(cfg, kwargs)
     outcome = fit(cfg, splits, model, kwargs, out)
 
+    # float32 even after bf16 training: the test accuracy is that of the model that gets exported (float32/CKKS)
     test_loss, test_acc = evaluate(outcome.model, splits.x_test, splits.y_test, splits.normalization,
-                                   device=outcome.device, batch_size=cfg.eval_batch_size, amp=outcome.amp)
+                                   device=outcome.device, batch_size=cfg.eval_batch_size, amp=False)
     history = tuple(outcome.state.history)
     last = history[-1] if history else None
     val_acc = None if last is None else (last.val_accuracy_ema if outcome.weights == "ema" else last.val_accuracy)

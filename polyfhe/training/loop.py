@@ -2,7 +2,10 @@
 
 GPU and CPU share one code path: autocast takes its ``device_type`` from the device, so the bf16 path runs
 (slowly) on CPU in tests too. ``torch.compile`` is refused on CPU with a clear error rather than silently
-ignored (inductor needs a C++ toolchain there and takes minutes on small machines).
+ignored (inductor needs a C++ toolchain there and takes minutes on small machines). On CUDA a step never
+waits for the GPU: batches are indexed on the device, and the losses are read back every
+:data:`LOSS_READ_EVERY` steps, not after each (the small FHE recipes are launch-bound, and a read per step
+idles the GPU while the next step is queued).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from polyfhe.training.data import (
     batch_indices,
     resolve_augment,
     steps_per_epoch,
+    to_device,
 )
 from polyfhe.training.metrics import EpochRecord
 from polyfhe.training.recipe import (
@@ -48,6 +52,7 @@ log = logging.getLogger(__name__)
 
 LAST_DIR = "last"
 STATE_FILE = "train_state.pt"
+LOSS_READ_EVERY = 50  # CUDA steps between host reads of the loss (one GPU sync each); CPU reads every step
 DIVERGED_HINT = ("lower --lr, keep --grad-clip on (e.g. 1.0), lengthen --warmup-epochs or try --amp off; "
                  "polynomial networks grow fast in degree, so large inputs or steps overflow")
 
@@ -88,6 +93,35 @@ def maybe_compile(model: nn.Module, enabled: bool, device: torch.device) -> nn.M
     return torch.compile(model)
 
 
+def loss_read_interval(device: torch.device) -> int:
+    """Steps between host reads of the loss: a read waits for the device, which only an accelerator makes costly."""
+    return 1 if device.type == "cpu" else LOSS_READ_EVERY
+
+
+class PendingLosses:
+    """Per-step losses left on the device until :meth:`drain` reads them all back at once (one sync)."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self._steps: list[tuple[int, Tensor, int, float]] = []  # step (from 1), loss, batch size, lr
+
+    def add(self, step: int, loss: Tensor, size: int, lr: float) -> None:
+        self._steps.append((step, loss.detach(), size, lr))
+
+    @property
+    def due(self) -> bool:
+        return len(self._steps) >= self.every
+
+    def drain(self) -> list[tuple[int, float, int, float]]:
+        """``(step, loss, batch size, lr)`` of every pending step, oldest first."""
+        if not self._steps:
+            return []
+        values = torch.stack([loss for _, loss, _, _ in self._steps]).float().tolist()
+        drained = [(step, value, size, lr) for (step, _, size, lr), value in zip(self._steps, values, strict=True)]
+        self._steps.clear()
+        return drained
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, x: Tensor, y: Tensor, norm: Normalization, *, device: torch.device,
              batch_size: int, amp: bool) -> tuple[float, float]:
@@ -97,8 +131,9 @@ def evaluate(model: nn.Module, x: Tensor, y: Tensor, norm: Normalization, *, dev
     was_training = model.training
     model.eval()
     loss_sum, correct = 0.0, 0
+    mean, std = norm.tensors(device)
     for idx in batch_indices(len(x), batch_size, None, drop_last=False):
-        xb, yb = norm.apply(x[idx].to(device)), y[idx].to(device)
+        xb, yb = (x[idx].to(device) - mean) / std, y[idx].to(device)
         with autocast(device, amp):
             logits = model(xb).float()
         loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
@@ -176,6 +211,18 @@ def _diverged(what: str, step: int, state: RunState, out_dir: Path, lr: float) -
                             f"Hint: {DIVERGED_HINT}", step, state.epoch + 1)
 
 
+def _read_losses(pending: PendingLosses, bar: tqdm, state: RunState, out_dir: Path) -> float:
+    """Sum of loss x batch size over the pending steps; the first non-finite loss stops the run, naming its step."""
+    total = 0.0
+    for step, value, size, lr in pending.drain():
+        if not math.isfinite(value):
+            bar.close()
+            raise _diverged(f"loss became {value}", step, state, out_dir, lr)
+        total += value * size
+        bar.set_postfix(loss=f"{value:.3f}", lr=f"{lr:.1e}", refresh=False)
+    return total
+
+
 def epochs_within_budget(planned: int, done: int, seconds_per_epoch: float, seconds_left: float) -> int:
     """How many epochs (at least ``done``, at most ``planned``) fit when each takes ``seconds_per_epoch``."""
     if seconds_per_epoch <= 0:
@@ -221,6 +268,7 @@ def fit(cfg: TrainConfig, splits: Splits, model: nn.Module, model_kwargs: dict, 
     prior_elapsed = state.elapsed_s
 
     norm, n_classes = splits.normalization, splits.num_classes
+    mean, std = norm.tensors(device)  # once: building them per step would sync the GPU every step
     augment = AUGMENTATIONS[resolve_augment(cfg.augment, splits.name)]
     x_train, y_train = splits.x_train.to(device), splits.y_train.to(device)
     spe = steps_per_epoch(len(x_train), cfg.batch_size)
@@ -231,6 +279,7 @@ def fit(cfg: TrainConfig, splits: Splits, model: nn.Module, model_kwargs: dict, 
     lr = cosine_lr(state.step, total_steps, warmup, cfg.lr, cfg.min_lr)
     log.info("training %s on %s: %d train / %d val images, %d steps/epoch, device %s, bf16 %s",
              cfg.model, splits.name, len(x_train), len(splits.x_val), spe, device, amp)
+    pending = PendingLosses(loss_read_interval(device))
 
     planned = cfg.epochs
     while state.epoch < planned:
@@ -245,17 +294,16 @@ def fit(cfg: TrainConfig, splits: Splits, model: nn.Module, model_kwargs: dict, 
         for idx in batch_indices(len(x_train), cfg.batch_size, gen, drop_last=True):
             lr = cosine_lr(state.step, total_steps, warmup, cfg.lr, cfg.min_lr)
             set_lr(optimizer, lr)
-            idx = idx.to(device)
+            idx = to_device(idx, device)
             xb, yb = augment(x_train[idx], gen), y_train[idx]
             xb, targets = mix_batch(xb, smooth_one_hot(yb, n_classes, cfg.label_smoothing),
                                     mixup=cfg.mixup, cutmix=cfg.cutmix, prob=cfg.mix_prob, rng=rng)
             with autocast(device, amp):
-                logits = train_model(norm.apply(xb))
+                logits = train_model((xb - mean) / std)
             loss = soft_cross_entropy(logits, targets)
-            loss_value = float(loss.detach())
-            if not math.isfinite(loss_value):
-                bar.close()
-                raise _diverged(f"loss became {loss_value}", state.step + 1, state, out_dir, lr)
+            pending.add(state.step + 1, loss, len(idx), lr)
+            if pending.due:
+                loss_sum += _read_losses(pending, bar, state, out_dir)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip > 0:
@@ -264,14 +312,13 @@ def fit(cfg: TrainConfig, splits: Splits, model: nn.Module, model_kwargs: dict, 
             if ema is not None:
                 ema.update(model)
             state.step += 1
-            loss_sum += loss_value * len(idx)
             correct += (logits.detach().argmax(1) == yb).sum()  # against the unmixed labels
             seen += len(idx)
             bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.1e}", refresh=False)
             if cfg.time_budget_s is not None and time.perf_counter() - start > cfg.time_budget_s:
                 stopped = f"time budget of {cfg.time_budget_s:g} s reached at step {state.step}"
                 break
+        loss_sum += _read_losses(pending, bar, state, out_dir)
         bar.close()
         if not _all_finite(model):
             raise _diverged("weights became non-finite", state.step, state, out_dir, lr)
