@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import sys
 import time
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from machine_info import cpu_name
 from torch import nn
 
 log = logging.getLogger("gpu_throughput")
@@ -143,14 +145,40 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> Measur
     return Measurement(name, source, params, results["infer"], results["train"], peak, "; ".join(notes))
 
 
+def _timm_version() -> str | None:
+    try:
+        import timm
+    except ImportError:
+        return None
+    return timm.__version__
+
+
 def machine_details(device: torch.device, args: argparse.Namespace) -> dict:
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    gpu = gpu_mem = None
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        gpu, gpu_mem = props.name, round(props.total_memory / 2**30, 1)
     return {
-        "device": str(device), "gpu": gpu, "cpu": platform.processor() or platform.machine(),
-        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "batch_size": args.batch_size, "img_size": args.img_size, "amp": args.amp, "norm": args.norm,
-        "channels_last": args.channels_last, "compile": args.compile, "steps": args.steps, "warmup": args.warmup,
+        "device": str(device), "gpu": gpu, "gpu_memory_gib": gpu_mem, "cpu": cpu_name(),
+        "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None, "timm": _timm_version(),
+        "python": platform.python_version(), "batch_size": args.batch_size, "img_size": args.img_size,
+        "amp": args.amp, "norm": args.norm, "channels_last": args.channels_last, "compile": args.compile,
+        "steps": args.steps, "warmup": args.warmup,
     }
+
+
+def paper_ratios(results: list[Measurement]) -> dict[str, float | None]:
+    """CPolyNeXt-T / ConvFormer-S18 img/s here (inference, training) and in the paper (RTX 4090)."""
+    by_name = {r.model: r for r in results}
+    ours, theirs = by_name.get("CPolyNeXt-T"), by_name.get("ConvFormer-S18")
+
+    def ratio(key: str) -> float | None:
+        a, b = (getattr(ours, key, None), getattr(theirs, key, None))
+        return a / b if a and b else None
+
+    return {"inference": ratio("infer_img_s"), "training": ratio("train_img_s"),
+            "paper": PAPER_IMG_S["CPolyNeXt-T"] / PAPER_IMG_S["ConvFormer-S18"]}
 
 
 def render(results: list[Measurement], details: dict) -> None:
@@ -159,6 +187,8 @@ def render(results: list[Measurement], details: dict) -> None:
 
     title = (f"{details['gpu'] or details['cpu']} | torch {details['torch']} | batch {details['batch_size']} | "
              f"{details['img_size']}px | amp {details['amp']}")
+    console = Console(width=max(Console().width, 120))  # logs are no terminal: rich would wrap at 80 columns
+    console.print("machine: " + ", ".join(f"{k} {v}" for k, v in details.items()), soft_wrap=True)
     table = Table(title=title)
     for col in ("model", "source", "params (M)", "inference img/s", "training img/s", "peak GiB", "note"):
         table.add_column(col, justify="left" if col in ("model", "source", "note") else "right", no_wrap=col == "model")
@@ -167,13 +197,12 @@ def render(results: list[Measurement], details: dict) -> None:
                       "-" if r.infer_img_s is None else f"{r.infer_img_s:,.1f}",
                       "-" if r.train_img_s is None else f"{r.train_img_s:,.1f}",
                       "-" if r.peak_mem_gib is None else f"{r.peak_mem_gib:.2f}", r.note)
-    Console().print(table)
-    by_name = {r.model: r for r in results}
-    ours, theirs = by_name.get("CPolyNeXt-T"), by_name.get("ConvFormer-S18")
-    paper = PAPER_IMG_S["CPolyNeXt-T"] / PAPER_IMG_S["ConvFormer-S18"]
-    if ours and theirs and ours.infer_img_s and theirs.infer_img_s:
-        Console().print(f"CPolyNeXt-T / ConvFormer-S18 inference ratio: {ours.infer_img_s / theirs.infer_img_s:.3f} "
-                        f"(paper, RTX 4090: 2358 / 2325 = {paper:.3f})")
+    console.print(table)
+    ratios = paper_ratios(results)
+    if ratios["inference"] is not None:
+        train = "-" if ratios["training"] is None else f"{ratios['training']:.3f}"
+        console.print(f"CPolyNeXt-T / ConvFormer-S18: inference {ratios['inference']:.3f}, training {train} "
+                      f"(paper, RTX 4090: 2358 / 2325 = {ratios['paper']:.3f})")
 
 
 def plot(results: list[Measurement], details: dict, path: Path) -> None:
@@ -188,8 +217,10 @@ def plot(results: list[Measurement], details: dict, path: Path) -> None:
     ax.bar([x + width / 2 for x in xs], [r.train_img_s or 0 for r in results], width, label="training")
     ax.set_xticks(list(xs), names, rotation=15)
     ax.set_ylabel("images / s")
+    ratio = paper_ratios(results)["inference"]
+    versus = "" if ratio is None else f"\nCPolyNeXt-T / ConvFormer-S18 inference {ratio:.2f} (paper, RTX 4090: 1.01)"
     ax.set_title(f"{details['gpu'] or details['cpu']}, batch {details['batch_size']}, {details['img_size']}px, "
-                 f"{details['amp']}, torch {details['torch']}", fontsize=9)
+                 f"{details['amp']}, torch {details['torch']}{versus}", fontsize=9)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -250,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     render(results, details)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "throughput.json").write_text(json.dumps(
-        {"machine": details, "paper_img_s_rtx4090": PAPER_IMG_S, "results": [r.to_dict() for r in results]},
+        {"machine": details, "paper_img_s_rtx4090": PAPER_IMG_S, "cpolynext_over_convformer": paper_ratios(results),
+         "results": [r.to_dict() for r in results]},
         indent=2) + "\n")
     if results:
         plot(results, details, args.out / "throughput.png")

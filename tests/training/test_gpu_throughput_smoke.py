@@ -17,13 +17,14 @@ SMOKE = ["--device", "cpu", "--img-size", "64", "--steps", "2", "--warmup", "1",
 
 @pytest.fixture(scope="module")
 def bench():
+    sys.path.insert(0, str(BENCH.parent))  # its sibling machine_info, as `python bench/gpu_throughput.py` sees it
     spec = importlib.util.spec_from_file_location("gpu_throughput", BENCH)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
     spec.loader.exec_module(module)
     yield module
     sys.modules.pop(spec.name, None)
-
+    sys.path.remove(str(BENCH.parent))
 
 
 def test_smoke_measures_our_models(bench, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
