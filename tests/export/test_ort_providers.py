@@ -55,7 +55,8 @@ def _square_model() -> onnx.ModelProto:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 2])],
         [numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(3, 2) / 4, "W")],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    # IR 8 (opset 17's): a newer onnx stamps its own latest IR version, which an older onnxruntime refuses
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 # ----------------------------------------------------------------------------------------------- the choice
