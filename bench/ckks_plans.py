@@ -173,10 +173,19 @@ def stage_client(folder: Path, program: Path, tree_env: dict, images: int) -> di
             "argmax_agreement": float(np.mean(logits.argmax(1) == reference.argmax(1))), "counts": server["counts"]}
 
 
+class StageFailed(RuntimeError):
+    """A stage's process failed; the message is the last line it wrote to stderr (the error it raised)."""
+
+
 def _run_stage(args: list[str], env: dict) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", *args, "--stage-out", out.name]
-        subprocess.run(cmd, env=env, check=True)
+        proc = subprocess.run(cmd, env=env, stderr=subprocess.PIPE, text=True, check=False)
+        sys.stderr.write(proc.stderr)
+        if proc.returncode:
+            lines = [line for line in proc.stderr.splitlines() if line.strip()]
+            reason = lines[-1] if lines else "no message"
+            raise StageFailed(f"{args[0]} stage failed (exit {proc.returncode}): {reason[:300]}")
         return json.loads(Path(out.name).read_text())
 
 
@@ -213,8 +222,8 @@ def measure(case: str, folder: Path, tree: Path | None, images: int, backend: st
     try:
         result.update(_run_stage(["compile", str(folder), str(program), backend], env))
         result.update(_run_stage(["client", str(folder), str(program), str(images)], env))
-    except subprocess.CalledProcessError as exc:
-        result["error"] = f"stage failed with exit {exc.returncode}"
+    except StageFailed as exc:
+        result["error"] = str(exc)
     return result
 
 

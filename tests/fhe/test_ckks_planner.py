@@ -138,3 +138,26 @@ def test_conv_matrix_matches_torch(nd, c_in, c_out, groups, k, stride, dilation,
 @pytest.mark.parametrize("step,weight", [(0, 0), (1, 1), (3, 2), (7, 2), (11, 3), (57, 3), (64, 1), (192, 2)])
 def test_naf_weight_counts_composed_key_switches(step, weight):
     assert naf_weight(step) == weight
+
+
+
+def test_later_readers_of_the_input_are_costed_in_its_real_packing():
+    """The client packs the input once, for its first consumer. cpolynext_fhe_bn's stem (7x7, stride 4) feeds
+    a product and the residual stream; costed as if each later reader of the input got a packing of its own,
+    the stem was merged again into four more maps (1,024 diagonals each) instead of read from a checkpoint."""
+    torch.manual_seed(0)
+    model = polyfhe.create_model("cpolynext_fhe_bn", num_classes=10, img_size=28, in_chans=1)
+    x = _images(256)
+    model.train()
+    with torch.no_grad():  # BatchNorm statistics from real images, as after training
+        for start in range(0, 256, 64):
+            model(torch.tensor(x[start:start + 64], dtype=torch.float32))
+    model.eval()
+    program = polyfhe.export(model, target="ckks", calibration=x, spend_levels=False)
+    readers = sum(1 for s in program.manifest.steps if s.op == "linear" and 0 in s.inputs)
+    diagonals = program.manifest.info["plaintext_diagonals"]
+    assert readers == 3 and diagonals <= 13_100, (readers, diagonals)  # 7 readers, 14,930 diagonals before
+    with torch.no_grad():
+        expected = model.double()(torch.tensor(x[:2])).numpy()
+    model.float()
+    assert np.abs(program.run_plain(x[:2]) - expected).max() <= 1e-6 * max(1.0, np.abs(expected).max())
