@@ -275,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         log.info("measuring %s ...", name)
         results.append(measure(name, args, device))
+        # each row as soon as it is known: a run stopped by a time limit (torch.compile is slow) keeps its rows
+        log.info("%s: %s", name, json.dumps(results[-1].to_dict()))
         if device.type == "cuda":
             torch.cuda.empty_cache()
     details = machine_details(device, args)
