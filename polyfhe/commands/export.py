@@ -53,6 +53,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--backend", choices=BACKEND_NAMES, default=DEFAULT_BACKEND,
                    help="ckks: the engine that makes the keys and runs the program (lattigo: single layout, "
                         "hoisted rotations)")
+    p.add_argument("--no-spend-levels", dest="spend_levels", action="store_false",
+                   help="single layout: keep every map merged at the analyzer's level bound (most precise) instead "
+                        "of computing depthwise convolutions on their own when levels are spare and it is clearly "
+                        "cheaper")
     p.add_argument("--samples-per-ciphertext", type=power_of_two, metavar="K",
                    help="single layout: interleave K samples per ciphertext (a power of two; default: as many "
                         "as fit beside the widest tensor)")
@@ -269,12 +273,23 @@ def _export_ckks(console: Any, model: Any, name: str, shape: tuple[int, ...] | N
 
     kwargs = {} if isinstance(model, Path) else {"input_shape": shape}
     program = export_ckks(model, calibration=calibration, layout=args.layout,
-                          samples_per_ciphertext=args.samples_per_ciphertext, backend=args.backend, **kwargs)
+                          samples_per_ciphertext=args.samples_per_ciphertext, backend=args.backend,
+                          spend_levels=args.spend_levels, **kwargs)
     program.save(args.out)
     console.print(summary_table(program, args.out, name))
     console.print(f"[green]saved[/] CKKS program to {args.out}; run it with "
                   f"`polyfhe run {args.out} --input IMAGE.png|X.npy`")
     return 0
+
+
+def _spent(spend: dict | None) -> str:
+    """What spending levels decided (``export/ckks/spend.py``)."""
+    if not spend:
+        return "not considered"
+    if not spend["spent"]:
+        return f"none (budget {spend['budget']} levels; estimated cost {spend['estimated_cost'] or 'no sites'})"
+    return (f"{spend['spent']} on {len(spend['factored'])} depthwise convolutions computed on their own "
+            f"(estimated cost {spend['estimated_cost']})")
 
 
 def _engine_rows(backend: str, facts: dict | None) -> list[tuple[str, Any]]:
@@ -306,6 +321,7 @@ def summary_table(program: Any, out: Path, name: str) -> Any:
         ("modulus chain (bits)", f"{list(p.coeff_mod_bits)} = {p.total_bits} (security {p.security})"),
         ("scale", f"2^{p.scale_bits}"), ("levels used / available", f"{m.depth} / {p.levels}"),
         ("levels: analyzer's lower bound", info.get("analyzer", {}).get("levels", "-")),
+        ("levels spent", _spent(info.get("level_spend"))),
         ("degree", info.get("degree", "-")), ("linear maps / ct x ct products",
                                              f"{info.get('linear_maps', '-')} / {info.get('products', '-')}"),
         ("plaintext diagonals", info.get("plaintext_diagonals", "-")), ("Galois keys", len(m.galois_steps)),

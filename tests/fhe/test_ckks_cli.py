@@ -125,6 +125,18 @@ def test_run_several_samples_in_one_single_layout_ciphertext(exported, tmp_path,
     assert f"at most {lanes}" in capsys.readouterr().err
 
 
+def test_export_no_spend_levels_option(exported, tmp_path, capsys):
+    onnx_path, prog, _ = exported
+    calib = str(onnx_path.parent / "calib.npy")
+    spend = json.loads((prog / "manifest.json").read_text())["info"]["level_spend"]
+    assert spend["spent"] == 0 and spend["factored"] == [] and spend["budget"] >= spend["lower_bound"]
+    capsys.readouterr()
+    assert main(["export", str(onnx_path), "--out", str(tmp_path / "merged"), "--calibration", calib,
+                 "--no-spend-levels"]) == 0
+    assert "level_spend" not in json.loads((tmp_path / "merged" / "manifest.json").read_text())["info"]
+    assert "levels spent" in capsys.readouterr().out
+
+
 def test_export_samples_per_ciphertext_option(exported, tmp_path, capsys):
     onnx_path, _, _ = exported
     calib = str(onnx_path.parent / "calib.npy")
