@@ -103,5 +103,5 @@ def zoo_rows(pattern: str = "*", with_macs: bool = True, with_analyzer: bool = F
     names = list_models(pattern)
     rows = [zoo_row(name, with_macs) for name in names]
     if with_analyzer:
-        rows = [with_analysis(r) for r in tqdm(rows, desc="analyzing zoo", unit="model", leave=False)]
+        rows = [with_analysis(r) for r in tqdm(rows, desc="analyzing zoo", unit="model", leave=False, disable=None)]
     return rows

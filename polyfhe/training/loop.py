@@ -290,7 +290,9 @@ def fit(cfg: TrainConfig, splits: Splits, model: nn.Module, model_kwargs: dict, 
         model.train()
         loss_sum, seen = 0.0, 0
         correct = torch.zeros((), dtype=torch.long, device=device)  # summed on the device: no extra sync per step
-        bar = tqdm(total=spe, desc=f"epoch {epoch + 1}/{planned}", disable=not cfg.progress, leave=False)
+        # disable=None: tqdm stays quiet when stderr is not a terminal (logs, CI), shows the bar when it is
+        bar = tqdm(total=spe, desc=f"epoch {epoch + 1}/{planned}", disable=None if cfg.progress else True,
+                   leave=False)
         for idx in batch_indices(len(x_train), cfg.batch_size, gen, drop_last=True):
             lr = cosine_lr(state.step, total_steps, warmup, cfg.lr, cfg.min_lr)
             set_lr(optimizer, lr)

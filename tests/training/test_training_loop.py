@@ -34,6 +34,16 @@ def _train(data, out: Path, epochs: int = 1, **options) -> TrainResult:
     return train("monet_lr_bn", data, epochs, out, **options)
 
 
+def test_progress_bar_is_quiet_when_stderr_is_not_a_terminal(tmp_path: Path, small_digits: ImageDataset,
+                                                            capsys, monkeypatch) -> None:
+    """A log file or CI gets no progress bar; a terminal gets one."""
+    _train(small_digits, tmp_path / "pipe", progress=True)
+    assert "epoch 1/1" not in capsys.readouterr().err  # pytest's captured stderr is no terminal
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
+    _train(small_digits, tmp_path / "tty", progress=True)
+    assert "epoch 1/1" in capsys.readouterr().err
+
+
 def test_run_writes_checkpoint_metrics_log_and_plot(tmp_path: Path, small_digits: ImageDataset) -> None:
     result = _train(small_digits, tmp_path, epochs=4, lr=1e-2)
     assert {"model.safetensors", "config.json", "metrics.json", "log.csv", "curves.png", "last"} <= {
