@@ -147,8 +147,8 @@ def export_ckks(
 
     ``calibration``: representative inputs (array) or a CalibrationResult; sets the output headroom.
     ``params`` / ``poly_modulus_degree`` / ``scale_bits``: overrides (insecure ones need ``allow_insecure``).
-    ``galois_key_budget`` (SEAL; Lattigo plans its own keys): bytes of rotation keys in the public context; past it, rare rotations are
-    composed from power-of-two keys (slower, smaller upload).
+    ``galois_key_budget`` (SEAL; Lattigo plans its own keys): bytes of rotation keys in the public context;
+    past it, rare rotations are composed from power-of-two keys (slower, smaller upload).
     ``samples_per_ciphertext`` (single layout): interleave this many samples per ciphertext at the cost of
     one; None takes as many as the widest tensor leaves room for (1 when it needs every slot).
     ``backend``: the engine that makes the keys and runs the program ("seal" or "lattigo"; the manifest names it).
