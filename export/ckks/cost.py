@@ -14,7 +14,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from polyfhe.export.ckks.circuit import Circuit, LinearNode
 from polyfhe.export.ckks.layout import (
+    UNBOUNDED_SLOTS,
+    circuit_input_packing,
     nonzero,
     offsets,
     period_of,
@@ -23,7 +26,7 @@ from polyfhe.export.ckks.layout import (
     token_aligned,
 )
 
-__all__ = ["COMPOSED_COST", "NEW_KEY_COST", "ROTATION_COST", "map_cost", "term_diagonals"]
+__all__ = ["COMPOSED_COST", "NEW_KEY_COST", "ROTATION_COST", "circuit_cost", "map_cost", "term_diagonals"]
 
 ROTATION_COST = 20.0  # a key switch costs about this many plaintext products (N=16384: ~45 ms vs ~2 ms)
 NEW_KEY_COST = 0.5  # a new Galois key (upload, key generation), in key switches: reuse beats a fresh step
@@ -68,3 +71,17 @@ def _token_width(shape: tuple[int, ...]) -> int:
 def map_cost(diagonals: int) -> float:
     """Products plus key switches (in product units) of a BSGS map with this many diagonals."""
     return diagonals + ROTATION_COST * 2.0 * np.sqrt(diagonals) if diagonals else 0.0
+
+
+def circuit_cost(circuit: Circuit) -> float:
+    """Estimated cost of a whole circuit in plaintext-product units, per prime of the modulus chain.
+
+    Per map, :func:`map_cost` of its diagonals counted as :func:`term_diagonals` does, the input in the packing
+    its first reader gives it. Multiply by the primes of the chain to compare circuits of different depth:
+    products and key switches grow with the primes they touch.
+    """
+    packing = circuit_input_packing(circuit, UNBOUNDED_SLOTS)
+    return sum(map_cost(sum(term_diagonals(matrix.T, circuit.shapes[reg], circuit.shapes[node.out],
+                                           packed_input=reg == 0, input_slots=packing)
+                            for reg, matrix in zip(node.inputs, node.matrices, strict=True)))
+               for node in circuit.nodes if isinstance(node, LinearNode))

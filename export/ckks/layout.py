@@ -25,8 +25,9 @@ from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
 
 log = logging.getLogger(__name__)
 FALLBACK = -1  # key of choose_layouts' result when it fell back to natural layouts
+UNBOUNDED_SLOTS = 1 << 62  # for estimates made before the ring (hence the slot count) is chosen
 
-__all__ = ["choose_layouts", "diagonal_count", "input_packing"]
+__all__ = ["UNBOUNDED_SLOTS", "choose_layouts", "circuit_input_packing", "diagonal_count", "input_packing"]
 
 
 def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -142,6 +143,14 @@ def input_packing(matrix, out_shape: tuple[int, ...], slots: int) -> np.ndarray:
     return min(options, key=lambda o: (o[0], period_of(o[1])))[1]
 
 
+def circuit_input_packing(circuit: Circuit, slots: int) -> np.ndarray:
+    """The input's packing for the first map of ``circuit`` that reads it (the natural order if none does)."""
+    first = next((n for n in circuit.nodes if isinstance(n, LinearNode) and 0 in n.inputs), None)
+    if first is None:
+        return natural(circuit.shapes[0])
+    return input_packing(first.matrices[first.inputs.index(0)], circuit.shapes[first.out], slots)
+
+
 def _candidates(shape: tuple[int, ...], slots: int) -> list[np.ndarray]:
     """Layouts worth trying for a register, preferred first (ties go to the earlier one).
 
@@ -193,10 +202,7 @@ def choose_layouts(circuit: Circuit, slots: int) -> dict[int, np.ndarray]:
     for node in circuit.nodes:
         if isinstance(node, MulNode):
             forced[node.b] = node.a
-    first = next((n for n in circuit.nodes if isinstance(n, LinearNode) and 0 in n.inputs), None)
-    layouts[0] = natural(circuit.shapes[0])
-    if first is not None:
-        layouts[0] = input_packing(first.matrices[first.inputs.index(0)], circuit.shapes[first.out], slots)
+    layouts[0] = circuit_input_packing(circuit, slots)
     periods[0] = period_of(layouts[0])
     for node in circuit.nodes:
         shape = circuit.shapes[node.out]

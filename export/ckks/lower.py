@@ -32,7 +32,7 @@ from polyfhe.export.ckks.affine import (
 )
 from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
 from polyfhe.export.ckks.cost import map_cost, term_diagonals
-from polyfhe.export.ckks.layout import input_packing
+from polyfhe.export.ckks.layout import UNBOUNDED_SLOTS, input_packing
 from polyfhe.ort_providers import inference_session  # the probe stays on CPU: its values feed the compiler
 
 __all__ = ["factoring_sites", "lower_onnx"]
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 # Outputs of weighted ops may be read by later maps as a register of their own (a checkpoint): a low-rank
 # pair or a patch embedding stays factored when merging it into its consumers would cost more.
 CHECKPOINT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
-UNBOUNDED_SLOTS = 1 << 62  # estimates ignore the ring: it is chosen after lowering
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 
 

@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from polyfhe.export.ckks.circuit import Circuit, LinearNode
-from polyfhe.export.ckks.cost import map_cost, term_diagonals
-from polyfhe.export.ckks.layout import input_packing
-from polyfhe.export.ckks.lower import UNBOUNDED_SLOTS, factoring_sites, lower_onnx
+from polyfhe.export.ckks.circuit import Circuit
+from polyfhe.export.ckks.cost import circuit_cost
+from polyfhe.export.ckks.lower import factoring_sites, lower_onnx
 from polyfhe.fhe.params import max_levels
 
-__all__ = ["MIN_SAVING", "MIN_SPEND_SCALE_BITS", "LevelSpend", "circuit_cost", "spend_budget", "spend_levels"]
+__all__ = ["MIN_SAVING", "MIN_SPEND_SCALE_BITS", "LevelSpend", "spend_budget", "spend_levels"]
 
 log = logging.getLogger(__name__)
 
@@ -46,27 +45,6 @@ class LevelSpend:
     def to_info(self) -> dict:
         return {"lower_bound": self.lower_bound, "budget": self.budget, "spent": self.circuit.depth - self.lower_bound,
                 "factored": list(self.factored), "estimated_cost": self.estimated_cost}
-
-
-def circuit_cost(circuit: Circuit) -> float:
-    """Estimated cost of the whole circuit in plaintext-product units, per prime of the modulus chain.
-
-    Per map, its diagonals and BSGS key switches as the planner counts them (``cost.map_cost``) in the
-    preferred layouts, the input in the packing its first consumer gives it. Multiply by the primes of the
-    chain to compare circuits of different depth: products and key switches grow with the primes they touch.
-    """
-    first = next((n for n in circuit.nodes if isinstance(n, LinearNode) and 0 in n.inputs), None)
-    packing = None
-    if first is not None:
-        packing = input_packing(first.matrices[first.inputs.index(0)], circuit.shapes[first.out], UNBOUNDED_SLOTS)
-    total = 0.0
-    for node in circuit.nodes:
-        if isinstance(node, LinearNode):
-            diagonals = sum(term_diagonals(matrix.T, circuit.shapes[reg], circuit.shapes[node.out],
-                                           packed_input=reg == 0, input_slots=packing)
-                            for reg, matrix in zip(node.inputs, node.matrices, strict=True))
-            total += map_cost(diagonals)
-    return total
 
 
 def spend_levels(proto: onnx.ModelProto, merged: Circuit, budget: int) -> LevelSpend:

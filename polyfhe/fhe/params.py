@@ -13,8 +13,8 @@ import math
 from dataclasses import asdict, dataclass
 
 __all__ = [
-    "DEFAULT_MIN_SCALE_BITS", "MAX_BITS_128", "CKKSParams", "ParameterError", "choose_params", "fingerprint_params", "max_levels",
-    "security_bits_ok",
+    "DEFAULT_MIN_SCALE_BITS", "MAX_BITS_128", "CKKSParams", "ParameterError", "choose_params", "fingerprint_params",
+    "max_levels", "security_bits_ok",
 ]
 
 log = logging.getLogger(__name__)

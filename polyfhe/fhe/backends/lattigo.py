@@ -30,7 +30,7 @@ from polyfhe.fhe.backends.lattigo_format import (
 )
 from polyfhe.fhe.client import InputError, check_input, check_result, identity_header
 from polyfhe.fhe.execute import pack_single, unpack_single
-from polyfhe.fhe.params import MAX_BITS_128, ParameterError
+from polyfhe.fhe.params import MAX_BITS_128, ParameterError, estimated_sizes
 from polyfhe.fhe.server import (
     DEFAULT_MAX_CIPHERTEXT_BYTES,
     DEFAULT_MAX_CONTEXT_BYTES,
@@ -108,8 +108,7 @@ def key_set_bytes(params, keys: int) -> int:
     """Marshalled bytes of ``keys`` key-switching keys (Galois keys plus the relinearisation key): one
     ciphertext pair per ciphertext prime, over every prime including the special one (measured: 2,624 MB for
     monet_fhe_bn's 90 + 1 keys at N=16384 with 10 + 1 primes)."""
-    primes = len(params.coeff_mod_bits)
-    return keys * (primes - 1) * 2 * primes * params.poly_modulus_degree * 8
+    return estimated_sizes(params, keys)["galois_keys"]  # the same layout as SEAL's uncompressed keys
 
 
 def _check_key_set(params, galois_keys: int, needs_relin: bool) -> None:
