@@ -2,14 +2,16 @@
 
 Pipeline: fold + ONNX export (modules only) -> analyzer (refuses non-polynomial graphs, naming the nodes) ->
 lowering to a :class:`Circuit` of merged affine maps and products -> calibrated value ranges -> parameters
-(smallest secure ring and largest scale that fit the levels) -> per-layout plan -> program (manifest + arrays).
+(smallest secure ring and largest scale that fit the levels; past every leveled ring, a residual chain with
+bootstraps on engines that have them) -> per-layout plan -> bootstrap placement -> program (manifest + arrays).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +19,20 @@ import numpy as np
 import onnx
 
 from polyfhe.export.ckks.affine import LoweringError
+from polyfhe.export.ckks.bootstrap import (
+    BootstrapError,
+    calibrated_ranges,
+    insert_bootstraps,
+    place_bootstraps,
+    refresh_slots,
+)
 from polyfhe.export.ckks.circuit import Circuit
 from polyfhe.export.ckks.counters import plan_counters
 from polyfhe.export.ckks.lower import lower_onnx
 from polyfhe.export.ckks.plan import plan_batch, plan_single
 from polyfhe.export.ckks.spend import MIN_SPEND_SCALE_BITS, LevelSpend, spend_budget, spend_levels
 from polyfhe.fhe.backends import DEFAULT_BACKEND, BackendUnavailable, get_backend
+from polyfhe.fhe.bootparams import BootstrapSpec, bootstrap_modulus_bits, choose_bootstrap_params, default_spec
 from polyfhe.fhe.params import DEFAULT_MIN_SCALE_BITS, CKKSParams, ParameterError, choose_params, validate
 from polyfhe.fhe.program import LAYOUTS, CKKSProgram, ProgramManifest
 
@@ -127,6 +137,55 @@ def _spend(proto: onnx.ModelProto, circuit: Circuit, calibration: Any, slots_nee
     return _Spent(decision.circuit, factored, decision.to_info(), ring, MIN_SPEND_SCALE_BITS)
 
 
+BOOTSTRAP_MODES = ("auto", "off")
+BOOTSTRAP_CALIBRATION_SAMPLES = 32  # plain runs that set the bootstraps' input ranges
+
+
+def _bootstrap_hint(engine, layout: str, mode: str) -> str:
+    if engine.bootstraps and layout == "single" and mode == "auto":
+        return ""
+    return ("; backend='lattigo' with bootstrap='auto' (single layout) runs deeper circuits by bootstrapping"
+            if not engine.bootstraps or mode != "auto" else "; bootstrapping needs layout='single'")
+
+
+def _with_bootstraps(plan, circuit: Circuit, params: CKKSParams, spec: BootstrapSpec, calibration: Any,
+                     max_abs: float):
+    """The plan with bootstrap steps at the cheapest cuts, each scaled by its register's calibrated range."""
+    lanes = int(plan.stats.get("samples_per_ciphertext", 1))
+    input_period = int(plan.stats.get("input_period", params.slots // lanes))
+    sizes = {name: len(arr) for name, arr in plan.arrays.items()}
+    placed = place_bootstraps(plan.steps, circuit.output, circuit.depth, params.levels, sizes)
+    width = refresh_slots(plan.steps, placed, input_period, lanes, params.slots)
+    spec = replace(spec, log_slots=int(math.log2(width)))
+    refreshed = {r for regs in placed.refreshed for r in regs}
+    samples = _calibration_samples(circuit, calibration)
+    if samples is None:
+        log.warning("bootstrapping without calibration samples: every refreshed value is assumed within "
+                    "+-%.3g; pass calibration=X for ranges fitted to the model", max_abs)
+        ranges = {r: (-max_abs, max_abs) for r in refreshed}
+    else:
+        manifest = ProgramManifest(
+            layout="single", params=params, input_shape=tuple(circuit.input_shape), input_size=circuit.input_size,
+            output_size=circuit.output_size, output=circuit.output, steps=tuple(plan.steps),
+            galois_steps=tuple(plan.galois_steps), input_range=(0.0, 1.0), info=dict(plan.stats),
+            input_slots=plan.input_slots, output_slots=plan.output_slots, samples_per_ciphertext=lanes)
+        ranges = calibrated_ranges(CKKSProgram.create(manifest, plan.arrays),
+                                   samples[:BOOTSTRAP_CALIBRATION_SAMPLES], refreshed, width)
+    steps, _ = insert_bootstraps(plan.steps, placed, ranges, width)
+    info = {**placed.to_info(), "spec": spec.to_dict(), "slots": width,
+            "modulus_bits": bootstrap_modulus_bits(params, spec)}
+    log.info("bootstrapping: %d bootstrap(s) of %d slots after levels %s (%d levels needed, %d per segment)",
+             placed.count, width, list(placed.cuts), circuit.depth, params.levels)
+    return replace(plan, steps=steps), info
+
+
+def _calibration_samples(circuit: Circuit, calibration: Any) -> np.ndarray | None:
+    if calibration is None or hasattr(calibration, "node_ranges"):
+        return None
+    x = np.asarray(calibration, dtype=np.float64)
+    return x.reshape((-1, *circuit.input_shape[1:]))
+
+
 def export_ckks(
     model: Any,
     *,
@@ -142,6 +201,7 @@ def export_ckks(
     samples_per_ciphertext: int | None = None,
     backend: str = DEFAULT_BACKEND,
     spend_levels: bool = True,
+    bootstrap: str = "auto",
 ) -> CKKSProgram:
     """Compile ``model`` (module or ONNX) into a CKKS program for ``layout`` ("single" or "batch").
 
@@ -155,6 +215,9 @@ def export_ckks(
     ``spend_levels`` (single layout): compute depthwise convolutions on their own, a level each, when the ring
     has levels to spare at a scale of at least 2^27 and that is estimated clearly cheaper (``spend.py``);
     ``False`` keeps every map merged at the analyzer's level bound (the most precise plan).
+    ``bootstrap`` ("auto" or "off"; single layout, engines that bootstrap: Lattigo): when the circuit needs more
+    levels than a leveled ring offers (or than ``params`` holds), run it on a residual chain and place bootstraps
+    where they cost least (``bootstrap.py``); ``calibration`` samples set each bootstrap's input range.
     """
     from polyfhe.analysis import analyze
 
@@ -167,6 +230,9 @@ def export_ckks(
         raise CKKSExportError(str(exc)) from exc
     if layout not in engine.layouts:
         raise CKKSExportError(f"backend {backend!r} runs layouts {list(engine.layouts)}, not {layout!r}")
+    if bootstrap not in BOOTSTRAP_MODES:
+        raise CKKSExportError(f"unknown bootstrap mode {bootstrap!r}; accepted: {list(BOOTSTRAP_MODES)}")
+    may_bootstrap = bootstrap == "auto" and engine.bootstraps and layout == "single"
     if input_shape is None and isinstance(calibration, np.ndarray) and calibration.ndim >= 2:
         input_shape = tuple(calibration.shape[1:])  # a module without a known input size: the samples' shape
     proto, name = to_onnx_model(model, input_shape)
@@ -186,16 +252,25 @@ def export_ckks(
                        poly_modulus_degree, scale_bits, ENGINE_RESERVE_BITS.get(backend, 0))
         circuit, (max_abs, input_range, cal_info), spend_info = spent.circuit, spent.calibrated, spent.info
         poly_modulus_degree, min_scale_bits = spent.ring, spent.min_scale_bits
+    boot_spec = None
     try:
         if params is None:
-            params = choose_params(circuit.depth, slots_needed, max_abs, scale_bits=scale_bits,
-                                   min_scale_bits=min_scale_bits, poly_modulus_degree=poly_modulus_degree,
-                                   reserve_bits=ENGINE_RESERVE_BITS.get(backend, 0))
+            try:
+                params = choose_params(circuit.depth, slots_needed, max_abs, scale_bits=scale_bits,
+                                       min_scale_bits=min_scale_bits, poly_modulus_degree=poly_modulus_degree,
+                                       reserve_bits=ENGINE_RESERVE_BITS.get(backend, 0))
+            except ParameterError as exc:
+                if not may_bootstrap:
+                    raise ParameterError(f"{exc}{_bootstrap_hint(engine, layout, bootstrap)}") from exc
+                params, boot_spec = choose_bootstrap_params(circuit.depth, slots_needed, scale_bits=scale_bits)
         params = validate(params, allow_insecure=allow_insecure)
     except ParameterError as exc:
         raise CKKSExportError(str(exc)) from exc
-    if params.levels < circuit.depth:
-        raise CKKSExportError(f"{name} needs {circuit.depth} levels; {params.describe()} offers {params.levels}")
+    if params.levels < circuit.depth and may_bootstrap and boot_spec is None:
+        boot_spec = default_spec(params, slots_needed)  # the caller's ring as the residual chain
+    if params.levels < circuit.depth and boot_spec is None:
+        raise CKKSExportError(f"{name} needs {circuit.depth} levels; {params.describe()} offers {params.levels}"
+                              f"{_bootstrap_hint(engine, layout, bootstrap)}")
     if params.slots < slots_needed:
         raise CKKSExportError(f"{name} needs {slots_needed} slots; {params.describe()} has {params.slots}")
     if layout == "batch":
@@ -218,10 +293,17 @@ def export_ckks(
     except LoweringError as exc:
         raise CKKSExportError(f"{name}: {exc}") from exc
     lanes = int(plan.stats.get("samples_per_ciphertext", 1))
+    boot_info = None
+    if boot_spec is not None:
+        try:
+            plan, boot_info = _with_bootstraps(plan, circuit, params, boot_spec, calibration, max_abs)
+        except BootstrapError as exc:
+            raise CKKSExportError(f"{name}: {exc}") from exc
     planned = plan_counters(plan.steps, plan.arrays, [g // lanes for g in plan.galois_steps], params, layout,
                             params.slots // lanes)
     info = {
         "planned": planned,
+        **({"bootstrap": boot_info} if boot_info else {}),
         "model_name": name, "degree": circuit.degrees()[circuit.output], "depth": circuit.depth,
         "analyzer": {"degree": report.degree, "mult_depth": report.mult_depth, "levels": report.levels},
         **({"level_spend": spend_info} if spend_info else {}),

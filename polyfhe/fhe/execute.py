@@ -39,6 +39,7 @@ class SlotOps(Protocol):
     def rescale(self, ct: Any) -> Any: ...
     def multiply(self, a: Any, b: Any) -> Any: ...  # ct x ct, relinearised, not rescaled
     def relin_rescale(self, ct: Any) -> Any: ...
+    # engines that bootstrap also provide: bootstrap(ct, attrs) -> a fresh ciphertext of the same values
 
 
 class NumpyOps:
@@ -81,6 +82,12 @@ class NumpyOps:
 
     def relin_rescale(self, ct):
         return ct
+
+    def bootstrap(self, ct, attrs):
+        """What the engine's sparse bootstrap returns: the first ``slots`` real slots, repeated over the ring."""
+        width = int(attrs["slots"])
+        head = np.asarray(ct)[..., :width]
+        return np.tile(head, (1,) * (head.ndim - 1) + (self.slots // width,))
 
 
 class InterleavedOps:
@@ -183,6 +190,14 @@ def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunC
     return acc if rescale_first else ops.rescale(acc)
 
 
+def _single_bootstrap(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
+    refresh = getattr(ops, "bootstrap", None)
+    if refresh is None:
+        raise ValueError("this program bootstraps, and the engine running it cannot (export it for "
+                         "backend='lattigo')")
+    return refresh(regs[step.inputs[0]], step.attrs)
+
+
 def _single_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
     a, b = (regs[i] for i in step.inputs)
     low = max(ops.level(a), ops.level(b))
@@ -252,6 +267,7 @@ StepFn = Callable[[Step, dict, SlotOps, dict, RunContext], Any]
 EXECUTORS: dict[tuple[str, str], StepFn] = {
     ("single", "linear"): _single_linear,
     ("single", "mul"): _single_mul,
+    ("single", "bootstrap"): _single_bootstrap,
     ("batch", "linear"): _batch_linear,
     ("batch", "mul"): _batch_mul,
     ("batch", "matmul"): _batch_matmul,
@@ -273,19 +289,24 @@ def default_threads() -> int:
 
 
 def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: Callable | None = None,
-            threads: int | None = None) -> Any:
-    """Run every step; registers are freed after their last use to bound memory."""
+            threads: int | None = None, observe: Callable[[int, Any], None] | None = None) -> Any:
+    """Run every step; registers are freed after their last use to bound memory. ``observe(register, value)``
+    sees every register as it is made (the input included), e.g. to record calibrated ranges."""
     manifest = program.manifest
     if manifest.layout == "single" and manifest.samples_per_ciphertext > 1:
         ops = InterleavedOps(ops, manifest.samples_per_ciphertext)
     regs: dict[int, Any] = {0: encrypted_input}
     last = _last_use(program)
     run = RunContext(default_threads() if threads is None else threads)
+    if observe is not None:
+        observe(0, encrypted_input)
     for index, step in enumerate(manifest.steps):
         fn = EXECUTORS.get((manifest.layout, step.op))
         if fn is None:
             raise ValueError(f"step {index} ({step.op}) is not supported in layout {manifest.layout!r}")
         regs[step.out] = fn(step, regs, ops, program.arrays, run)
+        if observe is not None:
+            observe(step.out, regs[step.out])
         for r in [r for r, i in last.items() if i == index and r != manifest.output]:
             regs.pop(r, None)
             for key in [k for k in run.cache if k[0] == r]:

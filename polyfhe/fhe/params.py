@@ -20,7 +20,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # HE standard, 128-bit classical security, uniform ternary secret (as SEAL's tc128 table).
-MAX_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
+# N=65536 serves bootstrapping programs only (fhe/bootparams.py); leveled ones choose among RING_SIZES.
+MAX_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881, 65536: 1772}
 RING_SIZES = (8192, 16384, 32768)
 MAX_PRIME_BITS = 60
 DEFAULT_MIN_SCALE_BITS = 30  # the smallest scale chosen unless a plan spends levels (export/ckks/spend.py)

@@ -20,7 +20,7 @@ KIND_SECRET = b"S"  # the client's private backup (holds the secret key): never 
 KIND_CIPHERTEXT = b"C"
 MAX_HEADER = 1 << 20
 ALLOWED_SECTIONS = {
-    KIND_CONTEXT: {"public_key", "relin_keys", "galois_keys", "evaluation_keys"},  # the last: Lattigo's key set
+    KIND_CONTEXT: {"public_key", "relin_keys", "galois_keys", "evaluation_keys", "bootstrap_keys"},  # last two: Lattigo
     KIND_SECRET: {"secret_key", "public_key", "relin_keys", "galois_keys"},
     KIND_CIPHERTEXT: None,  # "ct0", "ct1", ... checked against the header's count
 }

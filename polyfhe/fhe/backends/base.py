@@ -45,6 +45,8 @@ class Backend:
     ``composes_rotations``: the engine builds a rotation without a key of its own from power-of-two keys
     (SEAL), so the planner may keep the key set within a budget; an engine that plans its own keys in
     ``prepare`` (Lattigo) gets the plan without a budget, and no composed-rotation fallback.
+    ``bootstraps``: the engine runs a program's ``bootstrap`` steps, so a circuit deeper than any leveled ring
+    can be exported for it (``export/ckks/bootstrap.py``).
     """
 
     name: str
@@ -55,3 +57,4 @@ class Backend:
     client: Callable[..., ClientProtocol]
     server: Callable[..., ServerProtocol]
     composes_rotations: bool = True
+    bootstraps: bool = False

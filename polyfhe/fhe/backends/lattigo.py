@@ -23,6 +23,7 @@ from polyfhe.fhe.backends.base import Backend, BackendUnavailable
 from polyfhe.fhe.backends.go_env import warn_if_missing
 from polyfhe.fhe.backends.lattigo_format import (
     LattigoModel,
+    bootstrap_spec,
     evaluation_key_set,
     galois_element,
     lattigo_params,
@@ -30,6 +31,7 @@ from polyfhe.fhe.backends.lattigo_format import (
 )
 from polyfhe.fhe.client import InputError, check_input, check_result, identity_header
 from polyfhe.fhe.execute import pack_single, unpack_single
+from polyfhe.fhe.bootparams import BootstrapSpec, check_bootstrap_security
 from polyfhe.fhe.params import MAX_BITS_128, ParameterError, estimated_sizes
 from polyfhe.fhe.server import (
     DEFAULT_MAX_CIPHERTEXT_BYTES,
@@ -90,10 +92,20 @@ def lower(program) -> LattigoModel:
     return lower_program(program, lattigo_primes(program.params)[0])
 
 
-def check_security(params) -> None:
-    """Refuse parameters past the 128-bit bound unless the program was exported with ``allow_insecure``."""
+def check_security(params, bootstrap: dict | None = None) -> None:
+    """Refuse parameters past the 128-bit bound unless the program was exported with ``allow_insecure``; for a
+    program that bootstraps, the bootstrapping keys' whole modulus is checked too (``fhe/bootparams.py``)."""
     bound = MAX_BITS_128.get(params.poly_modulus_degree)
     bits = modulus_bits(params)
+    if bootstrap:
+        secure, btp_bits, btp_bound = check_bootstrap_security(params, BootstrapSpec.from_dict(bootstrap))
+        if not secure:
+            if params.security != "none":
+                raise ParameterError(f"bootstrapping on {params.describe()} needs keys over {btp_bits} bits of "
+                                     f"modulus, over the 128-bit bound of {btp_bound} bits: use fewer residual "
+                                     "levels or a smaller scale")
+            log.warning("INSECURE BOOTSTRAPPING PARAMETERS on Lattigo: keys over %d bits at N=%d (128-bit bound "
+                        "%s). Never use them for real data.", btp_bits, params.poly_modulus_degree, btp_bound)
     if bound is not None and bits <= bound:
         return
     if params.security != "none":
@@ -126,7 +138,7 @@ def _prepare(program):
     """Lower once at export: the rotation steps the evaluator needs become the manifest's Galois keys."""
     from polyfhe.fhe.program import CKKSProgram
 
-    check_security(program.params)
+    check_security(program.params, bootstrap_spec(program.manifest))
     lowered = lower(program)
     _check_key_set(program.params, len(lowered.galois_steps), lowered.needs_relin)
     info = {**program.manifest.info, NAME: {"galois_keys": len(lowered.galois_steps), "needs_relin":
@@ -152,7 +164,8 @@ class LattigoClient:
         if manifest.backend != NAME:
             raise ValueError(f"program {manifest.program_id} was exported for backend {manifest.backend!r}")
         ckks, rlwe = _client_lib()
-        check_security(manifest.params)
+        spec = bootstrap_spec(manifest)
+        check_security(manifest.params, spec)
         self.manifest = manifest
         t0 = time.perf_counter()
         self._params = ckks.Parameters.from_dict(lattigo_params(manifest.params))
@@ -168,6 +181,9 @@ class LattigoClient:
             element = galois_element(step, n)
             galois[element] = _marshalled(keygen.gen_galois_key(self._secret_key, element))
         keygen.close()
+        sections = {"evaluation_keys": evaluation_key_set(relin, galois)}
+        if spec:
+            sections["bootstrap_keys"] = [self._bootstrap_keys(rlwe, spec)]
         self.keygen_seconds = time.perf_counter() - t0
         self._encoder = ckks.Encoder(self._params)
         self._encryptor = rlwe.Encryptor(self._params, public_key)
@@ -177,10 +193,23 @@ class LattigoClient:
         # packed once and kept as the only copy: the key set is gigabytes at N=16384
         self._public_context = pack(KIND_CONTEXT, {**self._header, "params_full": manifest.params.to_dict(),
                                                    "galois_steps": list(manifest.galois_steps)},
-                                    {"evaluation_keys": evaluation_key_set(relin, galois)})
-        del relin, galois
+                                    sections)
+        del relin, galois, sections
         log.info("Lattigo keys for program %s in %.2f s (%d Galois keys, %.0f MB)", manifest.program_id,
                  self.keygen_seconds, len(manifest.galois_steps), len(self._public_context) / 1e6)
+
+    def _bootstrap_keys(self, rlwe, spec: dict) -> bytes:
+        """Lattigo's bootstrapping evaluation keys (their own relinearisation, Galois and encapsulation keys on the
+        bootstrapping modulus) for the spec's ring and slots; the Go objects are freed at once."""
+        params = lattigo_params(self.manifest.params, spec)
+        btp = rlwe.BootstrapParams(self._params, logn=int(spec["logn"]), logp=list(spec["logp"]), h=params["h"],
+                                   log_slots=int(spec["log_slots"]))
+        try:
+            evk, keys = btp.gen_eval_keys(self._secret_key)
+            evk.close()
+            return _marshalled(keys)
+        finally:
+            btp.close()
 
     def public_context(self) -> bytes:
         """Relinearisation and exactly the program's Galois keys (Lattigo's ``MemEvaluationKeySet``). No secret."""
@@ -259,9 +288,14 @@ class LattigoServer:
         evaluator = _evaluator_lib()
         warn_if_missing()
         self._model, self._lowered = _shared_model(program)
-        params = lattigo_params(program.params)
+        spec = bootstrap_spec(program.manifest)
+        params = lattigo_params(program.params, spec)
+        if spec and "bootstrap_keys" not in box.sections:
+            raise WireError(f"program {program.program_id} bootstraps, and this public context holds no "
+                            "bootstrapping keys (make keys with this program's client)")
         try:
-            self._evaluator = evaluator.Evaluator(params, box.sections["evaluation_keys"])
+            self._evaluator = evaluator.Evaluator(params, box.sections["evaluation_keys"],
+                                                  box.sections.get("bootstrap_keys") if spec else None)
         except Exception as exc:
             raise WireError(f"evaluation keys are not valid Lattigo keys for {program.params.describe()}: "
                             f"{exc}") from exc
@@ -299,4 +333,4 @@ class LattigoServer:
 
 
 BACKEND = Backend(NAME, "Lattigo v6 (hoisted BSGS) through the orion-v2 wheels", ("single",), _available, _prepare,
-                  LattigoClient, LattigoServer, composes_rotations=False)
+                  LattigoClient, LattigoServer, composes_rotations=False, bootstraps=True)

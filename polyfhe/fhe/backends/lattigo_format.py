@@ -6,7 +6,8 @@ The container is ``b"ORION\\0\\2\\0"`` | header length (uint32 LE) | JSON header
 each ``length (uint64 LE) | bytes``. A diagonal blob is ``n (uint32) | n indices (int32) | n x slots float64``;
 a bias blob is ``slots x float64``. Graph nodes used here: ``flatten`` (the input), ``linear_transform``
 (one input register times a diagonal matrix, hoisted baby-step giant-step, one rescale, bias, then
-``output_rotations`` doublings by ``slots/2, slots/4, ...``), ``add``, ``mult`` and ``quad``.
+``output_rotations`` doublings by ``slots/2, slots/4, ...``), ``add``, ``mult``, ``quad`` and ``bootstrap``
+(shift, scale into [-1, 1] at the cost of a level, sparse bootstrap, integer scale back, shift back).
 
 Semantics matched to polyfhe's executor (``polyfhe.fhe.execute._single_linear``):
 - polyfhe stores each diagonal pre-rotated for its own giant step; Lattigo wants plain diagonals and pre-rotates
@@ -40,7 +41,7 @@ import numpy as np
 
 from polyfhe.fhe.client import galois_element as rotation_galois_element
 
-__all__ = ["LattigoModel", "LattigoScales", "bsgs_rotations", "evaluation_key_set", "galois_element", "lattigo_params",
+__all__ = ["LattigoModel", "LattigoScales", "bootstrap_spec", "bsgs_rotations", "evaluation_key_set", "galois_element", "lattigo_params",
            "lower_program", "parse_container", "run_container_plain"]
 
 MAGIC = b"ORION\x00\x02\x00"
@@ -59,17 +60,26 @@ def galois_element(step: int, poly_modulus_degree: int) -> int:
     return rotation_galois_element(step, poly_modulus_degree, GALOIS_GENERATOR)
 
 
-def lattigo_params(params) -> dict:
+def lattigo_params(params, bootstrap: dict | None = None) -> dict:
     """The evaluator's parameter dict for polyfhe's :class:`~polyfhe.fhe.params.CKKSParams`.
 
     Same ring and primes as the SEAL program: ``logq`` = output prime + one prime per level, ``logp`` = the
     special prime. ``h``: a fixed-weight ternary secret with two thirds of the coefficients non-zero, the weight a
-    uniform ternary secret (the HE standard's model) has on average.
+    uniform ternary secret (the HE standard's model) has on average. ``bootstrap``: the manifest's bootstrapping
+    spec (:class:`~polyfhe.fhe.bootparams.BootstrapSpec` as a dict), for programs that bootstrap.
     """
     bits = list(params.coeff_mod_bits)
     n = params.poly_modulus_degree
-    return {"logn": int(math.log2(n)), "logq": bits[:-1], "logp": bits[-1:], "log_default_scale": params.scale_bits,
-            "h": (2 * n) // 3, "ring_type": "standard", "boot_logp": None}
+    out = {"logn": int(math.log2(n)), "logq": bits[:-1], "logp": bits[-1:], "log_default_scale": params.scale_bits,
+           "h": (2 * n) // 3, "ring_type": "standard", "boot_logp": None}
+    if bootstrap:
+        out.update(boot_logp=[int(b) for b in bootstrap["logp"]], btp_logn=int(bootstrap["logn"]))
+    return out
+
+
+def bootstrap_spec(manifest) -> dict | None:
+    """The manifest's bootstrapping spec, or None for a program that never bootstraps."""
+    return (manifest.info.get("bootstrap") or {}).get("spec")
 
 
 def evaluation_key_set(relin: bytes | None, galois: dict[int, bytes]) -> list[bytes]:
@@ -169,12 +179,28 @@ class LattigoScales:
         fa, fb = (1.0, weak) if a.scale >= b.scale else (weak, 1.0)
         return Tag(min(a.level, b.level), big), fa, fb
 
+    @staticmethod
+    def bootstrap(tag: Tag, top: int) -> Tag:
+        """Lattigo's bootstrap returns its input's scale at the top of the chain (after the evaluator's
+        prescale, an exact plaintext product by Q[level] and a rescale by the same prime)."""
+        return Tag(top, tag.scale)
+
     def bias(self, tag: Tag) -> Tag:
         """A transform's bias: a plaintext the evaluator encoded at the default scale, added like a ciphertext."""
         return Tag(tag.level, self.default)
 
     def with_bias(self, tag: Tag) -> tuple[Tag, float, float]:
         return self.add(tag, self.bias(tag))
+
+
+def _bootstrap_config(step, top: int) -> dict:
+    """The evaluator's bootstrap node: shift by ``constant``, scale by ``1/postscale`` into [-1, 1] (one level),
+    refresh ``slots`` slots, scale back by the integer ``postscale`` and shift back."""
+    a = step.attrs
+    post = int(a["postscale"])
+    return {"input_level": top, "input_min": float(a["range"][0]), "input_max": float(a["range"][1]),
+            "prescale": 1.0 / post, "postscale": float(post), "constant": float(a["constant"]),
+            "slots": int(a["slots"])}
 
 
 @dataclass
@@ -249,7 +275,14 @@ def lower_program(program, moduli: Sequence[int] | None = None) -> LattigoModel:
     counts = {"linear_transforms": 0, "diagonals": 0, "giant_rotations": 0, "baby_rotations": 0,
               "output_rotations": 0, "products": 0, "scale_corrections": 0}
     worst_correction = 0.0
+    spec = bootstrap_spec(m)
     for i, step in enumerate(m.steps):
+        if step.op == "bootstrap":
+            (src,) = step.inputs
+            names[step.out] = b.node(f"s{i}", "bootstrap", [names[src]], top, 0, _bootstrap_config(step, top))
+            tags[step.out] = scales.bootstrap(tags[src], top)
+            counts["bootstraps"] = counts.get("bootstraps", 0) + 1
+            continue
         if step.op == "mul":
             a, c = step.inputs
             op, inputs = ("quad", [names[a]]) if a == c else ("mult", [names[a], names[c]])
@@ -306,12 +339,14 @@ def lower_program(program, moduli: Sequence[int] | None = None) -> LattigoModel:
     galois_steps = tuple(sorted(keys))
     needs_relin = counts["products"] > 0
     header = {
-        "version": 2, "params": lattigo_params(params),
+        "version": 2, "params": lattigo_params(params, spec),
         "config": {"margin": 1, "embedding_method": "hybrid", "fuse_modules": True},
         "manifest": {"galois_elements": [galois_element(s, params.poly_modulus_degree) for s in galois_steps],
-                     "bootstrap_slots": [], "boot_logp": None, "needs_rlk": needs_relin},
-        "input_level": top, "cost": {"bootstrap_count": 0, "galois_key_count": len(galois_steps),
-                                     "bootstrap_key_count": 0},
+                     "bootstrap_slots": [1 << int(spec["log_slots"])] if spec else [],
+                     "boot_logp": list(spec["logp"]) if spec else None, "needs_rlk": needs_relin,
+                     **({"btp_logn": int(spec["logn"])} if spec else {})},
+        "input_level": top, "cost": {"bootstrap_count": counts.get("bootstraps", 0),
+                                     "galois_key_count": len(galois_steps), "bootstrap_key_count": 0},
         "graph": {"input": INPUT_NODE, "output": names[m.output], "nodes": b.nodes, "edges": b.edges},
         "blob_count": len(b.blobs),
         # not read by the evaluator: what the corrections were computed for, so the plain reference can replay them
@@ -385,6 +420,12 @@ def run_container_plain(data: bytes, vec: np.ndarray) -> np.ndarray:
             for i in range(int(node["config"]["output_rotations"])):
                 out = out + np.roll(out, -(slots >> (i + 1)))
             values[name], tags[name] = out, tag
+        elif op == "bootstrap":
+            cfg = node["config"]
+            width = int(cfg["slots"])
+            shifted = (ins[0] + cfg["constant"]) * cfg["prescale"]
+            values[name] = np.tile(shifted[:width], slots // width) * cfg["postscale"] - cfg["constant"]
+            tags[name] = scales.bootstrap(tags[srcs[0]], int(node["level"]))
         else:
             raise ValueError(f"node {name}: op {op!r} is not one lower_program emits")
     return values[header["graph"]["output"]]

@@ -1,0 +1,227 @@
+"""Where a program refreshes its ciphertexts: bootstrap placement as a shortest path over levels.
+
+A planned single-layout program is a list of steps, each finishing at a *level* (rescales consumed since the
+input). A ring whose chain holds ``budget`` levels runs it only in segments: a *cut* after level ``c`` bootstraps
+every register that is made at a level ``<= c`` and read by a step finishing above ``c`` (once: a bootstrapped
+register sits at the top of the chain, so every later reader just drops it). The engine's bootstrap spends one
+level on its input (the scale-down into the bootstrap's range), so a cut lies at most ``budget - 1`` levels after
+the previous one and the output at most ``budget`` levels after the last.
+
+Cuts are chosen by dynamic programming over the levels (a shortest path whose edges are segments): fewest
+bootstraps first (weighted by the slots they refresh), then the least work at high levels (a product on a
+ciphertext with more primes costs more). Not one per fixed number of layers: a cut goes where few registers are
+live. Pure functions on steps; the ranges that scale values into the bootstrap's input interval come from a
+calibration run of the program (``register_ranges``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from polyfhe.fhe.program import Step
+
+__all__ = ["BootstrapError", "BootstrapPlan", "insert_bootstraps", "place_bootstraps", "reads", "register_levels"]
+
+# Calibrated ranges are widened by this much before they set the scale-down into the bootstrap's [-1, 1]: inputs
+# past the calibration set's extremes still land inside the interval Lattigo's EvalMod approximates well.
+RANGE_MARGIN = 1.25
+
+
+class BootstrapError(ValueError):
+    """The program cannot be cut into segments that fit the ring (a single step needs more levels than it has)."""
+
+
+def reads(step: Step) -> list[int]:
+    """Registers a step reads: its inputs and its linear terms' inputs."""
+    return sorted({*step.inputs, *(int(t["input"]) for t in step.attrs.get("terms", []))})
+
+
+def register_levels(steps: Sequence[Step]) -> dict[int, int]:
+    """Level of every register (the input, register 0, is at level 0)."""
+    levels = {0: 0}
+    for step in steps:
+        levels[step.out] = step.level
+    return levels
+
+
+def _last_reader_level(steps: Sequence[Step], output: int, depth: int) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for step in steps:
+        for r in reads(step):
+            last[r] = max(last.get(r, 0), step.level)
+    last[output] = max(last.get(output, 0), depth)  # the output is read by the client
+    return last
+
+
+def _step_work(step: Step, sizes: dict[str, int]) -> float:
+    """Work of a step in plaintext products per prime (a relinearisation counted as 20, like a key switch)."""
+    if step.op != "linear":
+        return 20.0
+    return float(sum(sizes.get(t["ks"], 1) for t in step.attrs["terms"]))
+
+
+@dataclass(frozen=True)
+class BootstrapPlan:
+    """The cuts (levels after which live registers are bootstrapped), what each refreshes, and the cost."""
+
+    depth: int
+    budget: int
+    cuts: tuple[int, ...]
+    refreshed: tuple[tuple[int, ...], ...]  # per cut: the (original) registers bootstrapped there
+
+    @property
+    def count(self) -> int:
+        return sum(len(r) for r in self.refreshed)
+
+    def levels_left(self) -> list[int]:
+        """Levels left after each segment ends (the budget minus what the segment used)."""
+        ends = [*self.cuts, self.depth]
+        starts = [0, *self.cuts]
+        return [self.budget - (end - start) for start, end in zip(starts, ends, strict=True)]
+
+    def to_info(self) -> dict:
+        return {"count": self.count, "cuts_after_level": list(self.cuts), "registers": [list(r) for r in self.refreshed],
+                "levels_left_after_segment": self.levels_left(), "levels_needed": self.depth,
+                "levels_per_segment": self.budget}
+
+
+def place_bootstraps(steps: Sequence[Step], output: int, depth: int, budget: int,
+                     sizes: dict[str, int] | None = None) -> BootstrapPlan:
+    """Cheapest cuts for a program of ``depth`` levels on a chain of ``budget`` levels (see module doc)."""
+    if depth <= budget:
+        return BootstrapPlan(depth, budget, (), ())
+    if budget < 2:
+        raise BootstrapError(f"a chain of {budget} level(s) leaves nothing between bootstraps (each spends one "
+                             "level scaling its input); use a ring with at least 2 levels after bootstrapping")
+    sizes = sizes or {}
+    levels = register_levels(steps)
+    last = _last_reader_level(steps, output, depth)
+    work_at = np.zeros(depth + 1)
+    for step in steps:
+        work_at[step.level] += _step_work(step, sizes)
+
+    def refreshed(prev: int, cut: int) -> tuple[int, ...]:
+        low = 0 if prev == 0 else prev + 1  # the input (level 0) is fresh: only a first cut can refresh it
+        return tuple(sorted(r for r, lv in levels.items() if low <= lv <= cut and last.get(r, -1) > cut))
+
+    def segment_work(start: int, end: int) -> float:
+        # a step at relative level l runs on a ciphertext of budget - l + 2 primes (the special one excluded)
+        return float(sum(work_at[lv] * (budget - (lv - start) + 2) for lv in range(start + 1, end + 1)))
+
+    # best[c] = (bootstraps, work, previous cut) for a segment ending with a cut after level c; 0 is the start
+    best: dict[int, tuple[int, float, int | None]] = {0: (0, 0.0, None)}
+    for cut in range(1, depth):
+        options = []
+        for prev, (boots, work, _) in best.items():
+            if 0 < cut - prev <= budget - 1:
+                options.append((boots + len(refreshed(prev, cut)), work + segment_work(prev, cut), prev))
+        if options:
+            best[cut] = min(options)
+    finals = [(b + 0, w + segment_work(p, depth), p) for p, (b, w, _) in best.items() if depth - p <= budget]
+    if not finals:
+        raise BootstrapError(f"no placement fits {depth} levels into segments of {budget}")
+    _, _, prev = min(finals)
+    cuts = []
+    while prev:
+        cuts.append(prev)
+        prev = best[prev][2]
+    cuts.reverse()
+    starts = [0, *cuts]
+    return BootstrapPlan(depth, budget, tuple(cuts), tuple(refreshed(p, c) for p, c in zip(starts[:-1], cuts, strict=True)))
+
+
+def register_periods(steps: Sequence[Step], input_period: int) -> dict[int, int]:
+    """The period (virtual slots) every register repeats with: a linear map's output period, the larger of a
+    product's operands' (powers of two)."""
+    periods = {0: input_period}
+    for step in steps:
+        if step.op == "linear":
+            periods[step.out] = int(step.attrs["period"])
+        else:
+            periods[step.out] = max(periods[r] for r in step.inputs)
+    return periods
+
+
+def insert_bootstraps(steps: Sequence[Step], plan: BootstrapPlan, ranges: dict[int, tuple[float, float]],
+                      slots: int) -> tuple[list[Step], dict[int, int]]:
+    """The program with a ``bootstrap`` step per refreshed register and every level renumbered per segment.
+
+    ``ranges``: (min, max) over the slots each refreshed register has on the calibration inputs; ``slots``: the
+    (real) slots every bootstrap refreshes. Returns the new steps and a map original register -> its refreshed copy.
+    """
+    if not plan.cuts:
+        return list(steps), {}
+    levels = register_levels(steps)
+    next_reg = max(levels) + 1
+    starts = [0, *plan.cuts]
+    segment_of = {}
+    for lv in range(plan.depth + 1):
+        segment_of[lv] = max(i for i, s in enumerate(starts) if s < lv or (i == 0))
+    refreshed_at = {r: cut for cut, regs in zip(plan.cuts, plan.refreshed, strict=True) for r in regs}
+    copy_of: dict[int, int] = {}
+    out: list[Step] = []
+    emitted: set[int] = set()
+
+    def bootstrap(r: int) -> None:
+        nonlocal next_reg
+        lo, hi = ranges[r]
+        centre = 0.5 * (lo + hi)
+        half = max(0.5 * (hi - lo), 1e-12) * RANGE_MARGIN
+        postscale = max(1, math.ceil(half))
+        attrs = {"slots": int(slots), "constant": float(-centre), "postscale": int(postscale),
+                 "range": [float(lo), float(hi)], "cut": int(refreshed_at[r])}
+        out.append(Step("bootstrap", next_reg, (r,), 0, 0, attrs))
+        copy_of[r] = next_reg
+        emitted.add(r)
+        next_reg += 1
+
+    for step in steps:
+        start = starts[segment_of[step.level]]
+        sources = reads(step)
+        for r in sources:
+            if r in refreshed_at and refreshed_at[r] < step.level and r not in emitted:
+                bootstrap(r)
+        mapping = {r: copy_of[r] for r in sources if r in copy_of and refreshed_at[r] < step.level}
+        attrs = step.attrs
+        if mapping and "terms" in attrs:
+            attrs = {**attrs, "terms": [{**t, "input": mapping.get(int(t["input"]), int(t["input"]))}
+                                        for t in attrs["terms"]]}
+        out.append(replace(step, inputs=tuple(mapping.get(r, r) for r in step.inputs), level=step.level - start,
+                           attrs=attrs))
+    return out, copy_of
+
+
+def calibrated_ranges(program, samples: np.ndarray, registers: set[int], slots: int) -> dict[int, tuple[float, float]]:
+    """(min, max) over the first ``slots`` real slots of each of ``registers``, running ``program`` (without its
+    bootstraps) on plain ``samples`` exactly as packed under encryption."""
+    from polyfhe.fhe.execute import NumpyOps, execute, pack_single
+
+    m = program.manifest
+    lo = {r: math.inf for r in registers}
+    hi = {r: -math.inf for r in registers}
+
+    def observe(register: int, value) -> None:
+        if register in registers:
+            head = np.asarray(value)[:slots]
+            lo[register] = min(lo[register], float(head.min()))
+            hi[register] = max(hi[register], float(head.max()))
+
+    flat = np.asarray(samples, dtype=np.float64).reshape(len(samples), -1)
+    lanes = m.samples_per_ciphertext
+    for start in range(0, len(flat), lanes):
+        execute(program, NumpyOps(m.params.slots), pack_single(m, flat[start:start + lanes]), observe=observe,
+                threads=1)
+    return {r: (lo[r], hi[r]) for r in registers}
+
+
+def refresh_slots(steps: Sequence[Step], plan: BootstrapPlan, input_period: int, lanes: int, slots: int) -> int:
+    """Real slots one bootstrap must refresh: the widest period among the refreshed registers (times the
+    interleaved samples), a power of two; registers repeat with their period, so a sparse bootstrap of that many
+    slots returns each one whole."""
+    periods = register_periods(steps, input_period)
+    widest = max((periods[r] for regs in plan.refreshed for r in regs), default=1)
+    return int(min(slots, max(2, widest * lanes)))
