@@ -1,0 +1,212 @@
+"""Bootstrapping: placement (a shortest path over levels), parameter sets, and encrypted runs on Lattigo at a
+small, explicitly insecure ring (N=4096: a bootstrap takes about half a second there)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from polyfhe.export.ckks import CKKSExportError, export_ckks
+from polyfhe.export.ckks.bootstrap import BootstrapError, insert_bootstraps, place_bootstraps, reads
+from polyfhe.fhe.backends.lattigo import lower
+from polyfhe.fhe.backends.lattigo_format import parse_container, run_container_plain
+from polyfhe.fhe.bootparams import (
+    BOOTSTRAP_RING,
+    bootstrap_modulus_bits,
+    check_bootstrap_security,
+    choose_bootstrap_params,
+)
+from polyfhe.fhe.execute import pack_single, run_plain
+from polyfhe.fhe.params import MAX_BITS_128, CKKSParams
+from polyfhe.fhe.program import Step
+from tests.fhe.ckks_testlib import Square, digits, train
+
+SMALL_RING = CKKSParams(4096, (60, 40, 40, 40, 60), 40)  # 3 levels between bootstraps; insecure on purpose
+
+
+class DeepResidual(nn.Module):
+    """64 -> 32, three residual square blocks, -> 10: 8 levels, with skip registers live across the cuts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(64, 32)
+        self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(3))
+        self.head = nn.Linear(32, 10)
+        self.square = Square()
+
+    def forward(self, x):
+        h = self.stem(x.flatten(1))
+        for block in self.blocks:
+            h = h + 0.25 * self.square(block(h))
+        return self.head(h)
+
+
+@pytest.fixture(scope="module")
+def deep_program():
+    model = train(DeepResidual(), epochs=10).eval()
+    x = digits()[0]
+    prog = export_ckks(model, calibration=x[:64], input_shape=(1, 8, 8), backend="lattigo", params=SMALL_RING,
+                       allow_insecure=True)
+    return model, prog
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# placement
+# ---------------------------------------------------------------------------------------------------------------
+def _random_program(rng: np.random.Generator, depth: int) -> list[Step]:
+    """A layered program: a linear map and a product per two levels, linear maps reading random earlier
+    registers (skips), so several registers are live across most levels."""
+    steps, made = [], [(0, 0)]
+    reg = 1
+    for level in range(1, depth + 1):
+        if level % 2:
+            sources = {made[-1][0]} | {r for r, lv in made if lv < level and rng.random() < 0.3}
+            terms = [{"input": r, "ks": f"k{reg}.{r}"} for r in sorted(sources)]
+            steps.append(Step("linear", reg, (), 4, level, {"terms": terms, "period": 16}))
+        else:
+            steps.append(Step("mul", reg, (made[-1][0], made[-1][0]), 4, level))
+        made.append((reg, level))
+        reg += 1
+    return steps
+
+
+def _brute_force(steps: list[Step], output: int, depth: int, budget: int) -> int:
+    """Fewest bootstraps over every admissible set of cuts, counted independently of the planner."""
+    levels = {0: 0, **{s.out: s.level for s in steps}}
+    last = {}
+    for s in steps:
+        for r in reads(s):
+            last[r] = max(last.get(r, 0), s.level)
+    last[output] = depth
+    best = None
+    for k in range(depth):
+        for cuts in itertools.combinations(range(1, depth), k):
+            bounds = [0, *cuts, depth]
+            gaps = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+            if any(g > budget - 1 for g in gaps[:-1]) or gaps[-1] > budget:
+                continue
+            count = sum(any(levels[r] <= c < last.get(r, -1) for c in cuts) for r in levels)
+            best = count if best is None else min(best, count)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_placement_is_the_fewest_bootstraps_and_fits_every_segment(seed):
+    rng = np.random.default_rng(seed)
+    depth, budget = int(rng.integers(7, 12)), int(rng.integers(3, 5))
+    steps = _random_program(rng, depth)
+    output = steps[-1].out
+    plan = place_bootstraps(steps, output, depth, budget)
+    assert plan.count == _brute_force(steps, output, depth, budget)
+    ranges = {r: (-1.0, 1.0) for regs in plan.refreshed for r in regs}
+    placed, copies = insert_bootstraps(steps, plan, ranges, 16)
+    original = {0: 0, **{s.out: s.level for s in steps}}
+
+    def segment_of(level: int) -> int:
+        return sum(c < level for c in plan.cuts)
+
+    level, segment = {0: 0}, {0: 0}
+    for step in placed:
+        if step.op == "bootstrap":
+            assert level[step.inputs[0]] <= budget - 1  # a level left for the scale-down into the bootstrap
+            segment[step.out] = plan.cuts.index(step.attrs["cut"]) + 1
+        else:
+            segment[step.out] = segment_of(original[step.out])
+            for r in reads(step):  # only this segment's registers, or refreshed copies at the top of the chain
+                assert level[r] <= step.level - 1
+                assert segment[r] == segment[step.out] or (level[r] == 0 and segment[r] <= segment[step.out])
+        assert step.level <= budget
+        level[step.out] = step.level
+    assert sum(s.op == "bootstrap" for s in placed) == plan.count == len(copies)
+    assert all(left >= 0 for left in plan.levels_left())
+
+
+def test_no_bootstrap_when_the_chain_holds_the_circuit_and_a_useless_chain_is_refused():
+    steps = _random_program(np.random.default_rng(0), 6)
+    assert place_bootstraps(steps, steps[-1].out, 6, 6).count == 0
+    with pytest.raises(BootstrapError, match="at least 2 levels"):
+        place_bootstraps(steps, steps[-1].out, 6, 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# parameters
+# ---------------------------------------------------------------------------------------------------------------
+def test_bootstrapping_chains_meet_the_128_bit_bound_on_the_bootstrapping_modulus():
+    for depth in (20, 30, 60):
+        params, spec = choose_bootstrap_params(depth, 8192)
+        secure, bits, bound = check_bootstrap_security(params, spec)
+        assert params.poly_modulus_degree == BOOTSTRAP_RING and secure and bits <= bound == MAX_BITS_128[BOOTSTRAP_RING]
+        assert bits == bootstrap_modulus_bits(params, spec) and params.levels >= 14
+    secure, bits, _ = check_bootstrap_security(SMALL_RING, choose_bootstrap_params(20, 8)[1])
+    assert not secure and bits > MAX_BITS_128[4096]
+
+
+def test_a_circuit_too_deep_for_seal_says_which_engine_bootstraps():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), *[m for _ in range(16) for m in (Square(), nn.Linear(8, 8))])
+    x = digits()[0][:16]
+    with pytest.raises(CKKSExportError, match="backend='lattigo' with bootstrap='auto'"):
+        export_ckks(model.eval(), calibration=x, input_shape=(1, 8, 8))
+    with pytest.raises(CKKSExportError, match="unknown bootstrap mode"):
+        export_ckks(model.eval(), calibration=x, input_shape=(1, 8, 8), backend="lattigo", bootstrap="always")
+    with pytest.raises(CKKSExportError, match="offers 3.*bootstrap='auto'"):
+        export_ckks(DeepResidual().eval(), calibration=x, input_shape=(1, 8, 8), backend="lattigo",
+                    params=SMALL_RING, allow_insecure=True, bootstrap="off")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the exported program
+# ---------------------------------------------------------------------------------------------------------------
+def test_bootstrapped_program_reports_its_placement_and_matches_torch_in_plain(deep_program):
+    model, prog = deep_program
+    info = prog.manifest.info["bootstrap"]
+    steps = prog.manifest.steps
+    assert info["count"] == sum(s.op == "bootstrap" for s in steps) >= 2
+    assert info["levels_needed"] == prog.manifest.info["depth"] > prog.params.levels == info["levels_per_segment"]
+    assert len(info["levels_left_after_segment"]) == len(info["cuts_after_level"]) + 1
+    assert max(s.level for s in steps) <= prog.params.levels
+    for step in (s for s in steps if s.op == "bootstrap"):
+        lo, hi = step.attrs["range"]
+        assert step.attrs["postscale"] >= 1 and lo <= -step.attrs["constant"] <= hi
+    x = digits()[2][:32]
+    with torch.no_grad():
+        ref = model(torch.tensor(x, dtype=torch.float32)).double().numpy()
+    assert np.abs(run_plain(prog, x) - ref).max() < 1e-4
+    # the Lattigo container's own semantics (scale bookkeeping and bootstrap nodes) give the same logits
+    lowered = lower(prog)
+    header, _ = parse_container(lowered.data)
+    assert header["manifest"]["bootstrap_slots"] == [info["slots"]] and header["params"]["btp_logn"] == 12
+    m = prog.manifest
+    vec = run_container_plain(lowered.data, pack_single(m, x[: m.samples_per_ciphertext].reshape(-1, 64)))
+    from polyfhe.fhe.execute import unpack_single
+
+    out = unpack_single(m, vec, min(len(x), m.samples_per_ciphertext))
+    assert np.abs(out - ref[: len(out)]).max() < 1e-4
+
+
+def test_bootstrapped_program_runs_encrypted_on_lattigo(deep_program):
+    model, prog = deep_program
+    x = digits()[2]
+    k = prog.manifest.samples_per_ciphertext
+    client = prog.client()
+    server = prog.server(client.public_context())
+    out = client.decrypt(server.run(client.encrypt(x[:k])))
+    with torch.no_grad():
+        ref = model(torch.tensor(x[:k], dtype=torch.float32)).double().numpy()
+    assert out.shape == ref.shape
+    assert np.abs(out - ref).max() < 1e-3 * max(1.0, np.abs(ref).max())
+    assert (out.argmax(1) == ref.argmax(1)).all()
+
+
+def test_a_context_without_bootstrapping_keys_is_refused(deep_program):
+    from polyfhe.fhe.wire import KIND_CONTEXT, WireError, pack, unpack
+
+    _, prog = deep_program
+    client = prog.client()
+    box = unpack(client.public_context(), KIND_CONTEXT)
+    stripped = pack(KIND_CONTEXT, box.header, {"evaluation_keys": box.sections["evaluation_keys"]})
+    with pytest.raises(WireError, match="no bootstrapping keys"):
+        prog.server(stripped)
