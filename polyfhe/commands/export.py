@@ -57,6 +57,9 @@ def add_parser(subparsers: Any) -> None:
                    help="single layout: keep every map merged at the analyzer's level bound (most precise) instead "
                         "of computing depthwise convolutions on their own when levels are spare and it is clearly "
                         "cheaper")
+    p.add_argument("--bootstrap", choices=("auto", "off"), default="auto",
+                   help="ckks, single layout, lattigo: bootstrap when the model needs more levels than a leveled "
+                        "ring offers (auto), or refuse such a model (off)")
     p.add_argument("--samples-per-ciphertext", type=power_of_two, metavar="K",
                    help="single layout: interleave K samples per ciphertext (a power of two; default: as many "
                         "as fit beside the widest tensor)")
@@ -274,7 +277,7 @@ def _export_ckks(console: Any, model: Any, name: str, shape: tuple[int, ...] | N
     kwargs = {} if isinstance(model, Path) else {"input_shape": shape}
     program = export_ckks(model, calibration=calibration, layout=args.layout,
                           samples_per_ciphertext=args.samples_per_ciphertext, backend=args.backend,
-                          spend_levels=args.spend_levels, **kwargs)
+                          spend_levels=args.spend_levels, bootstrap=args.bootstrap, **kwargs)
     program.save(args.out)
     console.print(summary_table(program, args.out, name))
     console.print(f"[green]saved[/] CKKS program to {args.out}; run it with "
@@ -290,6 +293,15 @@ def _spent(spend: dict | None) -> str:
         return f"none (budget {spend['budget']} levels; estimated cost {spend['estimated_cost'] or 'no sites'})"
     return (f"{spend['spent']} on {len(spend['factored'])} depthwise convolutions computed on their own "
             f"(estimated cost {spend['estimated_cost']})")
+
+
+def _bootstraps(boot: dict | None) -> str:
+    """Where the program bootstraps (``export/ckks/bootstrap.py``)."""
+    if not boot:
+        return "none"
+    return (f"{boot['count']} of {boot['slots']} slots after levels {boot['cuts_after_level']} "
+            f"({boot['levels_needed']} levels in segments of {boot['levels_per_segment']}; levels left per segment "
+            f"{boot['levels_left_after_segment']}; bootstrapping keys over {boot['modulus_bits']} bits)")
 
 
 def _engine_rows(backend: str, facts: dict | None) -> list[tuple[str, Any]]:
@@ -321,7 +333,7 @@ def summary_table(program: Any, out: Path, name: str) -> Any:
         ("modulus chain (bits)", f"{list(p.coeff_mod_bits)} = {p.total_bits} (security {p.security})"),
         ("scale", f"2^{p.scale_bits}"), ("levels used / available", f"{m.depth} / {p.levels}"),
         ("levels: analyzer's lower bound", info.get("analyzer", {}).get("levels", "-")),
-        ("levels spent", _spent(info.get("level_spend"))),
+        ("levels spent", _spent(info.get("level_spend"))), ("bootstraps", _bootstraps(info.get("bootstrap"))),
         ("degree", info.get("degree", "-")), ("linear maps / ct x ct products",
                                              f"{info.get('linear_maps', '-')} / {info.get('products', '-')}"),
         ("plaintext diagonals", info.get("plaintext_diagonals", "-")), ("Galois keys", len(m.galois_steps)),

@@ -210,3 +210,30 @@ def test_a_context_without_bootstrapping_keys_is_refused(deep_program):
     stripped = pack(KIND_CONTEXT, box.header, {"evaluation_keys": box.sections["evaluation_keys"]})
     with pytest.raises(WireError, match="no bootstrapping keys"):
         prog.server(stripped)
+
+
+def test_cli_exports_a_deep_model_with_bootstraps_and_refuses_it_with_bootstrap_off(tmp_path, capsys):
+    from polyfhe.cli import main
+    from polyfhe.export.onnx import export_onnx
+    from polyfhe.fhe.program import load_program
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), *[m for _ in range(15) for m in (Square(), nn.Linear(8, 8))])
+    with torch.no_grad():
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                layer.weight.mul_(0.5)
+    onnx_path = tmp_path / "deep.onnx"
+    export_onnx(model.eval(), onnx_path, (1, 8, 8))
+    np.save(tmp_path / "cal.npy", digits()[0][:16].astype(np.float32))
+    common = ["export", str(onnx_path), "--calibration", str(tmp_path / "cal.npy"), "--backend", "lattigo"]
+    assert main([*common, "--out", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "bootstraps" in out and "after levels" in out
+    prog = load_program(tmp_path / "p")
+    info = prog.manifest.info["bootstrap"]
+    assert prog.params.poly_modulus_degree == BOOTSTRAP_RING and prog.params.security == "tc128"
+    assert info["count"] >= 1 and info["modulus_bits"] <= MAX_BITS_128[BOOTSTRAP_RING]
+    assert prog.manifest.info["planned"]["bootstraps"] == info["count"]
+    assert main([*common, "--out", str(tmp_path / "q"), "--bootstrap", "off"]) != 0
+    assert "levels" in capsys.readouterr().err
