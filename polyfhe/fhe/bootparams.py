@@ -29,7 +29,10 @@ COEFFS_TO_SLOTS_BITS = (56,) * 4
 EVAL_MOD_BITS = (60,) * 9
 SLOTS_TO_COEFFS_BITS = (39,) * 3
 CIRCUIT_BITS = sum(COEFFS_TO_SLOTS_BITS) + sum(EVAL_MOD_BITS) + sum(SLOTS_TO_COEFFS_BITS)
-BOOT_SPECIAL_PRIMES = (61, 61, 61, 61)  # key switching inside the bootstrap (Lattigo: ~sqrt(#primes) of 61 bits)
+# Key switching inside the bootstrap: six 61-bit special primes, one more than Lattigo's default of about
+# sqrt(#primes): a key holds ceil(#Q / #P) digits, so more special primes make every bootstrapping key smaller
+# (memory is what limits key generation at N=2^16 here), at the price of residual levels.
+BOOT_SPECIAL_PRIMES = (61,) * 6
 FIRST_PRIME_BITS = 60  # the bootstrap reads its input from Q[0]: room for the message at Lattigo's 2^8 ratio
 RESIDUAL_SPECIAL_BITS = 60
 
