@@ -88,9 +88,7 @@ def _calibration_ranges(circuit: Circuit, calibration: Any) -> tuple[float, tupl
         max_abs = max([abs(r.abs_max) for r in calibration.node_ranges.values()] + [abs(rng.abs_max)])
         return max_abs, (float(rng.min), float(rng.max)), {"calibrated": True, "calibration": "CalibrationResult",
                                                            "samples": int(getattr(calibration, "num_samples", 0))}
-    x = np.asarray(calibration, dtype=np.float64)
-    if x.ndim == len(circuit.input_shape) - 1 or x.shape[1:] != tuple(circuit.input_shape[1:]):
-        x = x.reshape((-1, *circuit.input_shape[1:]))
+    x = _calibration_samples(circuit, calibration)
     ranges = circuit.value_ranges(x)
     return max(ranges.values()), (float(x.min()), float(x.max())), {"calibrated": True, "samples": len(x),
                                                                      "max_abs_value": max(ranges.values())}
@@ -142,10 +140,21 @@ BOOTSTRAP_CALIBRATION_SAMPLES = 32  # plain runs that set the bootstraps' input 
 
 
 def _bootstrap_hint(engine, layout: str, mode: str) -> str:
-    if engine.bootstraps and layout == "single" and mode == "auto":
-        return ""
-    return ("; backend='lattigo' with bootstrap='auto' (single layout) runs deeper circuits by bootstrapping"
-            if not engine.bootstraps or mode != "auto" else "; bootstrapping needs layout='single'")
+    """What would run a circuit too deep for every leveled ring (appended to the refusal)."""
+    if not engine.bootstraps or mode != "auto":
+        return "; backend='lattigo' with bootstrap='auto' (single layout) runs deeper circuits by bootstrapping"
+    return "" if layout == "single" else "; bootstrapping needs layout='single'"
+
+
+def _manifest(plan, circuit: Circuit, params: CKKSParams, layout: str, input_range: tuple, info: dict
+              ) -> ProgramManifest:
+    return ProgramManifest(
+        layout=layout, params=params, input_shape=tuple(circuit.input_shape), input_size=circuit.input_size,
+        output_size=circuit.output_size, output=circuit.output, steps=tuple(plan.steps),
+        galois_steps=tuple(plan.galois_steps), input_range=input_range, info=info,
+        input_slots=plan.input_slots, output_slots=plan.output_slots,
+        samples_per_ciphertext=int(plan.stats.get("samples_per_ciphertext", 1)),
+    )
 
 
 def _with_bootstraps(plan, circuit: Circuit, params: CKKSParams, spec: BootstrapSpec, calibration: Any,
@@ -164,11 +173,7 @@ def _with_bootstraps(plan, circuit: Circuit, params: CKKSParams, spec: Bootstrap
                     "+-%.3g; pass calibration=X for ranges fitted to the model", max_abs)
         ranges = {r: (-max_abs, max_abs) for r in refreshed}
     else:
-        manifest = ProgramManifest(
-            layout="single", params=params, input_shape=tuple(circuit.input_shape), input_size=circuit.input_size,
-            output_size=circuit.output_size, output=circuit.output, steps=tuple(plan.steps),
-            galois_steps=tuple(plan.galois_steps), input_range=(0.0, 1.0), info=dict(plan.stats),
-            input_slots=plan.input_slots, output_slots=plan.output_slots, samples_per_ciphertext=lanes)
+        manifest = _manifest(plan, circuit, params, "single", (0.0, 1.0), dict(plan.stats))
         ranges = calibrated_ranges(CKKSProgram.create(manifest, plan.arrays),
                                    samples[:BOOTSTRAP_CALIBRATION_SAMPLES], refreshed, width)
     steps, _ = insert_bootstraps(plan.steps, placed, ranges, width)
@@ -180,6 +185,7 @@ def _with_bootstraps(plan, circuit: Circuit, params: CKKSParams, spec: Bootstrap
 
 
 def _calibration_samples(circuit: Circuit, calibration: Any) -> np.ndarray | None:
+    """Calibration samples shaped (n, *input shape), or None for no samples (or a CalibrationResult)."""
     if calibration is None or hasattr(calibration, "node_ranges"):
         return None
     x = np.asarray(calibration, dtype=np.float64)
@@ -309,13 +315,7 @@ def export_ckks(
         **({"level_spend": spend_info} if spend_info else {}),
         "output_shape": list(circuit.output_shape), **plan.stats, **cal_info,
     }
-    manifest = ProgramManifest(
-        layout=layout, params=params, input_shape=tuple(circuit.input_shape), input_size=circuit.input_size,
-        output_size=circuit.output_size, output=circuit.output, steps=tuple(plan.steps),
-        galois_steps=tuple(plan.galois_steps), input_range=input_range, info=info,
-        input_slots=plan.input_slots, output_slots=plan.output_slots,
-        samples_per_ciphertext=int(plan.stats.get("samples_per_ciphertext", 1)),
-    )
+    manifest = _manifest(plan, circuit, params, layout, input_range, info)
     try:
         program = engine.prepare(CKKSProgram.create(manifest, plan.arrays))
     except (ParameterError, ValueError) as exc:

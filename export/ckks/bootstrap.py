@@ -8,10 +8,10 @@ level on its input (the scale-down into the bootstrap's range), so a cut lies at
 the previous one and the output at most ``budget`` levels after the last.
 
 Cuts are chosen by dynamic programming over the levels (a shortest path whose edges are segments): fewest
-bootstraps first (weighted by the slots they refresh), then the least work at high levels (a product on a
+bootstraps first, then the least work at high levels (a product on a
 ciphertext with more primes costs more). Not one per fixed number of layers: a cut goes where few registers are
 live. Pure functions on steps; the ranges that scale values into the bootstrap's input interval come from a
-calibration run of the program (``register_ranges``).
+calibration run of the program (``calibrated_ranges``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import numpy as np
 
 from polyfhe.fhe.program import Step
 
-__all__ = ["BootstrapError", "BootstrapPlan", "insert_bootstraps", "place_bootstraps", "reads", "register_levels"]
+__all__ = ["BootstrapError", "BootstrapPlan", "calibrated_ranges", "insert_bootstraps", "place_bootstraps",
+           "refresh_slots", "register_levels"]
 
 # Calibrated ranges are widened by this much before they set the scale-down into the bootstrap's [-1, 1]: inputs
 # past the calibration set's extremes still land inside the interval Lattigo's EvalMod approximates well.
@@ -33,11 +34,6 @@ RANGE_MARGIN = 1.25
 
 class BootstrapError(ValueError):
     """The program cannot be cut into segments that fit the ring (a single step needs more levels than it has)."""
-
-
-def reads(step: Step) -> list[int]:
-    """Registers a step reads: its inputs and its linear terms' inputs."""
-    return sorted({*step.inputs, *(int(t["input"]) for t in step.attrs.get("terms", []))})
 
 
 def register_levels(steps: Sequence[Step]) -> dict[int, int]:
@@ -51,7 +47,7 @@ def register_levels(steps: Sequence[Step]) -> dict[int, int]:
 def _last_reader_level(steps: Sequence[Step], output: int, depth: int) -> dict[int, int]:
     last: dict[int, int] = {}
     for step in steps:
-        for r in reads(step):
+        for r in step.reads():
             last[r] = max(last.get(r, 0), step.level)
     last[output] = max(last.get(output, 0), depth)  # the output is read by the client
     return last
@@ -66,7 +62,7 @@ def _step_work(step: Step, sizes: dict[str, int]) -> float:
 
 @dataclass(frozen=True)
 class BootstrapPlan:
-    """The cuts (levels after which live registers are bootstrapped), what each refreshes, and the cost."""
+    """The cuts (levels after which live registers are bootstrapped) and what each refreshes."""
 
     depth: int
     budget: int
@@ -158,9 +154,6 @@ def insert_bootstraps(steps: Sequence[Step], plan: BootstrapPlan, ranges: dict[i
     levels = register_levels(steps)
     next_reg = max(levels) + 1
     starts = [0, *plan.cuts]
-    segment_of = {}
-    for lv in range(plan.depth + 1):
-        segment_of[lv] = max(i for i, s in enumerate(starts) if s < lv or (i == 0))
     refreshed_at = {r: cut for cut, regs in zip(plan.cuts, plan.refreshed, strict=True) for r in regs}
     copy_of: dict[int, int] = {}
     out: list[Step] = []
@@ -180,8 +173,8 @@ def insert_bootstraps(steps: Sequence[Step], plan: BootstrapPlan, ranges: dict[i
         next_reg += 1
 
     for step in steps:
-        start = starts[segment_of[step.level]]
-        sources = reads(step)
+        start = max(c for c in starts if c < step.level or c == 0)  # the cut that opened this step's segment
+        sources = step.reads()
         for r in sources:
             if r in refreshed_at and refreshed_at[r] < step.level and r not in emitted:
                 bootstrap(r)

@@ -62,10 +62,6 @@ def bootstrap_modulus_bits(params: CKKSParams, spec: BootstrapSpec) -> int:
     return sum(params.coeff_mod_bits[:-1]) + CIRCUIT_BITS + sum(spec.logp)
 
 
-def bootstrap_bound(poly_modulus_degree: int) -> int | None:
-    return MAX_BITS_128.get(poly_modulus_degree)
-
-
 def residual_levels(poly_modulus_degree: int, scale_bits: int) -> int:
     """Levels a residual chain of ``scale_bits`` primes keeps on this ring within the 128-bit bound."""
     bound = MAX_BITS_128[poly_modulus_degree]
@@ -107,6 +103,6 @@ def default_spec(params: CKKSParams, slots: int) -> BootstrapSpec:
 def check_bootstrap_security(params: CKKSParams, spec: BootstrapSpec) -> tuple[bool, int, int | None]:
     """(secure, modulus bits, bound) of the bootstrapping keys' modulus."""
     bits = bootstrap_modulus_bits(params, spec)
-    bound = bootstrap_bound(params.poly_modulus_degree)
+    bound = MAX_BITS_128.get(params.poly_modulus_degree)
     return (bound is not None and bits <= bound), bits, bound
 

@@ -277,10 +277,8 @@ EXECUTORS: dict[tuple[str, str], StepFn] = {
 def _last_use(program: CKKSProgram) -> dict[int, int]:
     last: dict[int, int] = {}
     for index, step in enumerate(program.manifest.steps):
-        for r in step.inputs:
+        for r in step.reads():
             last[r] = index
-        for t in step.attrs.get("terms", []):
-            last[t["input"]] = index
     return last
 
 

@@ -52,6 +52,10 @@ class Step:
         return cls(str(d["op"]), int(d["out"]), tuple(int(i) for i in d["inputs"]), int(d["size"]),
                    int(d["level"]), dict(d.get("attrs", {})))
 
+    def reads(self) -> list[int]:
+        """Registers this step reads: its inputs and its linear terms' inputs."""
+        return sorted({*self.inputs, *(int(t["input"]) for t in self.attrs.get("terms", []))})
+
     def array_names(self) -> list[str]:
         names = [t[k] for t in self.attrs.get("terms", []) for k in ("diags", "ks", "data", "indices", "indptr")
                  if k in t]

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from polyfhe.export.ckks import CKKSExportError, export_ckks
-from polyfhe.export.ckks.bootstrap import BootstrapError, insert_bootstraps, place_bootstraps, reads
+from polyfhe.export.ckks.bootstrap import BootstrapError, insert_bootstraps, place_bootstraps
 from polyfhe.fhe.backends.lattigo import lower
 from polyfhe.fhe.backends.lattigo_format import parse_container, run_container_plain
 from polyfhe.fhe.bootparams import (
@@ -79,7 +79,7 @@ def _brute_force(steps: list[Step], output: int, depth: int, budget: int) -> int
     levels = {0: 0, **{s.out: s.level for s in steps}}
     last = {}
     for s in steps:
-        for r in reads(s):
+        for r in s.reads():
             last[r] = max(last.get(r, 0), s.level)
     last[output] = depth
     best = None
@@ -116,7 +116,7 @@ def test_placement_is_the_fewest_bootstraps_and_fits_every_segment(seed):
             segment[step.out] = plan.cuts.index(step.attrs["cut"]) + 1
         else:
             segment[step.out] = segment_of(original[step.out])
-            for r in reads(step):  # only this segment's registers, or refreshed copies at the top of the chain
+            for r in step.reads():  # only this segment's registers, or refreshed copies at the top of the chain
                 assert level[r] <= step.level - 1
                 assert segment[r] == segment[step.out] or (level[r] == 0 and segment[r] <= segment[step.out])
         assert step.level <= budget

@@ -41,8 +41,8 @@ import numpy as np
 
 from polyfhe.fhe.client import galois_element as rotation_galois_element
 
-__all__ = ["LattigoModel", "LattigoScales", "bootstrap_spec", "bsgs_rotations", "evaluation_key_set", "galois_element", "lattigo_params",
-           "lower_program", "parse_container", "run_container_plain"]
+__all__ = ["LattigoModel", "LattigoScales", "bootstrap_spec", "bsgs_rotations", "evaluation_key_set", "galois_element",
+           "lattigo_params", "lower_program", "parse_container", "run_container_plain"]
 
 MAGIC = b"ORION\x00\x02\x00"
 GALOIS_GENERATOR = 5  # Lattigo's rotation generator (SEAL uses 3)
