@@ -27,12 +27,19 @@ from polyfhe.models.monet import MONet, MONetConfig, build_monet
 from polyfhe.models.polynext import ARCHS, PolyNeXt, PolyNeXtArch, StageConfig, build_polynext
 from polyfhe.models.registry import register_model
 
-__all__ = ["CPOLYNEXT_FHE", "MONET_FHE", "build_cpolynext_fhe", "build_monet_fhe", "cpolynext_fhe_arch"]
+__all__ = ["CPOLYNEXT_FHE", "MONET_FHE", "MONET_FHE_DEEP", "build_cpolynext_fhe", "build_monet_fhe",
+           "build_monet_fhe_deep", "cpolynext_fhe_arch"]
 
 _FHE_CFG = {"num_classes": 10, "img_size": 28, "in_chans": 1}
 
 MONET_FHE = MONetConfig(
     dims=(128,), depths=(2,), expansion=1, shrink=4, patch_size=2, pyramid=True, img_size=28, in_chans=1,
+    num_classes=10, norm="bn",
+)
+# Six narrower Poly-Blocks (width 64, second Mu-Layer 2x wide): 25 levels, so it runs only with bootstrapping
+# (three bootstraps on a 7-level residual chain); every tensor is at most 128 x 64 padded tokens = 8192 slots.
+MONET_FHE_DEEP = MONetConfig(
+    dims=(64,), depths=(6,), expansion=2, shrink=4, patch_size=2, pyramid=True, img_size=28, in_chans=1,
     num_classes=10, norm="bn",
 )
 # channels, stacks, exp_conv, exp_mlp of the one-cell CPolyNeXt recipe.
@@ -42,6 +49,11 @@ CPOLYNEXT_FHE: dict[str, Any] = {"channels": 40, "stacks": 2, "exp_conv": 3.0, "
 def build_monet_fhe(**overrides: Any) -> MONet:
     """MONet-BN with 2 Poly-Blocks of width 128 on a 7x7 token grid (28x28x1 input)."""
     return build_monet(MONET_FHE, **overrides)
+
+
+def build_monet_fhe_deep(**overrides: Any) -> MONet:
+    """MONet-BN with 6 Poly-Blocks of width 64 on a 7x7 token grid: deep enough to need bootstrapping."""
+    return build_monet(MONET_FHE_DEEP, **overrides)
 
 
 def cpolynext_fhe_arch(channels: int, stacks: int, exp_conv: float, exp_mlp: float) -> PolyNeXtArch:
@@ -65,6 +77,10 @@ register_model(
     "monet_fhe_bn", family="monet", norm="bn", default_cfg=_FHE_CFG,
     description="MONet-BN for CKKS: 2 Poly-Blocks x 128 on 7x7 tokens (<= 8192 slots, 9 levels)",
 )(build_monet_fhe)
+register_model(
+    "monet_fhe_deep_bn", family="monet", norm="bn", default_cfg=_FHE_CFG,
+    description="MONet-BN for bootstrapped CKKS: 6 Poly-Blocks x 64 on 7x7 tokens (25 levels, 3 bootstraps)",
+)(build_monet_fhe_deep)
 register_model(
     "cpolynext_fhe_bn", family="polynext", norm="bn", default_cfg=_FHE_CFG,
     description="CPolyNeXt-BN for CKKS: one cell x 40 channels, 2 stacks on 7x7 (<= 8192 slots, 11 levels)",

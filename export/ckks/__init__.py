@@ -29,10 +29,18 @@ from polyfhe.export.ckks.bootstrap import (
 from polyfhe.export.ckks.circuit import Circuit
 from polyfhe.export.ckks.counters import plan_counters
 from polyfhe.export.ckks.lower import lower_onnx
-from polyfhe.export.ckks.plan import plan_batch, plan_single
+from polyfhe.export.ckks.plan import max_samples_per_ciphertext, plan_batch, plan_single
 from polyfhe.export.ckks.spend import MIN_SPEND_SCALE_BITS, LevelSpend, spend_budget, spend_levels
 from polyfhe.fhe.backends import DEFAULT_BACKEND, BackendUnavailable, get_backend
-from polyfhe.fhe.bootparams import BootstrapSpec, bootstrap_modulus_bits, choose_bootstrap_params, default_spec
+from polyfhe.fhe.bootparams import (
+    BootstrapSpec,
+    bootstrap_key_bytes,
+    bootstrap_modulus_bits,
+    choose_bootstrap_params,
+    default_spec,
+    machine_memory_budget,
+    max_refresh_log_slots,
+)
 from polyfhe.fhe.params import DEFAULT_MIN_SCALE_BITS, CKKSParams, ParameterError, choose_params, validate
 from polyfhe.fhe.program import LAYOUTS, CKKSProgram, ProgramManifest
 
@@ -178,10 +186,25 @@ def _with_bootstraps(plan, circuit: Circuit, params: CKKSParams, spec: Bootstrap
                                    samples[:BOOTSTRAP_CALIBRATION_SAMPLES], refreshed, width)
     steps, _ = insert_bootstraps(plan.steps, placed, ranges, width)
     info = {**placed.to_info(), "spec": spec.to_dict(), "slots": width,
-            "modulus_bits": bootstrap_modulus_bits(params, spec)}
+            "modulus_bits": bootstrap_modulus_bits(params, spec), "key_bytes": bootstrap_key_bytes(params, spec)}
     log.info("bootstrapping: %d bootstrap(s) of %d slots after levels %s (%d levels needed, %d per segment)",
              placed.count, width, list(placed.cuts), circuit.depth, params.levels)
     return replace(plan, steps=steps), info
+
+
+def _bootstrap_lanes(circuit: Circuit, params: CKKSParams, spec: BootstrapSpec, memory_bytes: int | None) -> int:
+    """Samples per ciphertext for a bootstrapped program: as many as fit the slots, but no more than keep the
+    (wider) bootstrap's key generation within ``memory_bytes``; more lanes refresh more slots per bootstrap."""
+    try:
+        most = max_samples_per_ciphertext(circuit, params.slots)
+    except LoweringError as exc:
+        raise CKKSExportError(str(exc)) from exc
+    widest = params.slots // most
+    cap = max(1, (1 << max_refresh_log_slots(params, spec, memory_bytes)) // widest)
+    if cap < most:
+        log.info("bootstrapping: %d sample(s) per ciphertext instead of %d, so that the bootstrapping keys "
+                 "fit the memory budget", cap, most)
+    return min(most, cap)
 
 
 def _calibration_samples(circuit: Circuit, calibration: Any) -> np.ndarray | None:
@@ -208,6 +231,7 @@ def export_ckks(
     backend: str = DEFAULT_BACKEND,
     spend_levels: bool = True,
     bootstrap: str = "auto",
+    bootstrap_memory: int | None = None,
 ) -> CKKSProgram:
     """Compile ``model`` (module or ONNX) into a CKKS program for ``layout`` ("single" or "batch").
 
@@ -224,6 +248,8 @@ def export_ckks(
     ``bootstrap`` ("auto" or "off"; single layout, engines that bootstrap: Lattigo): when the circuit needs more
     levels than a leveled ring offers (or than ``params`` holds), run it on a residual chain and place bootstraps
     where they cost least (``bootstrap.py``); ``calibration`` samples set each bootstrap's input range.
+    ``bootstrap_memory``: bytes the bootstrapping key generation may peak at (None: 75% of this machine's RAM);
+    cheaper residual chains whose keys would not fit are passed over, and said so in the log.
     """
     from polyfhe.analysis import analyze
 
@@ -259,6 +285,7 @@ def export_ckks(
         circuit, (max_abs, input_range, cal_info), spend_info = spent.circuit, spent.calibrated, spent.info
         poly_modulus_degree, min_scale_bits = spent.ring, spent.min_scale_bits
     boot_spec = None
+    boot_memory = machine_memory_budget() if bootstrap_memory is None else bootstrap_memory
     try:
         if params is None:
             try:
@@ -268,7 +295,8 @@ def export_ckks(
             except ParameterError as exc:
                 if not may_bootstrap:
                     raise ParameterError(f"{exc}{_bootstrap_hint(engine, layout, bootstrap)}") from exc
-                params, boot_spec = choose_bootstrap_params(circuit.depth, slots_needed, scale_bits=scale_bits)
+                params, boot_spec = choose_bootstrap_params(circuit.depth, slots_needed, scale_bits=scale_bits,
+                                                            memory_bytes=boot_memory)
         params = validate(params, allow_insecure=allow_insecure)
     except ParameterError as exc:
         raise CKKSExportError(str(exc)) from exc
@@ -287,6 +315,8 @@ def export_ckks(
                 f"layout='batch' keeps one ciphertext per tensor element: about {live / 2**30:.1f} GiB live for "
                 f"{circuit.max_size()} elements at {params.describe()}, over the {batch_memory_budget / 2**30:.1f} "
                 "GiB budget; use layout='single' or raise batch_memory_budget")
+    if boot_spec is not None and layout == "single" and samples_per_ciphertext is None:
+        samples_per_ciphertext = _bootstrap_lanes(circuit, params, boot_spec, boot_memory)
     try:
         max_keys = (max(2 * params.slots.bit_length(), galois_key_budget // galois_key_bytes(params))
                     if engine.composes_rotations else None)

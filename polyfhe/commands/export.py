@@ -60,6 +60,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--bootstrap", choices=("auto", "off"), default="auto",
                    help="ckks, single layout, lattigo: bootstrap when the model needs more levels than a leveled "
                         "ring offers (auto), or refuse such a model (off)")
+    p.add_argument("--bootstrap-memory", type=float, metavar="GB",
+                   help="bootstrapping: memory the key generation may peak at (default: 75%% of this machine's "
+                        "RAM); residual chains whose bootstrapping keys would not fit are passed over")
     p.add_argument("--samples-per-ciphertext", type=power_of_two, metavar="K",
                    help="single layout: interleave K samples per ciphertext (a power of two; default: as many "
                         "as fit beside the widest tensor)")
@@ -277,7 +280,9 @@ def _export_ckks(console: Any, model: Any, name: str, shape: tuple[int, ...] | N
     kwargs = {} if isinstance(model, Path) else {"input_shape": shape}
     program = export_ckks(model, calibration=calibration, layout=args.layout,
                           samples_per_ciphertext=args.samples_per_ciphertext, backend=args.backend,
-                          spend_levels=args.spend_levels, bootstrap=args.bootstrap, **kwargs)
+                          spend_levels=args.spend_levels, bootstrap=args.bootstrap,
+                          bootstrap_memory=None if args.bootstrap_memory is None else int(args.bootstrap_memory * 1e9),
+                          **kwargs)
     program.save(args.out)
     console.print(summary_table(program, args.out, name))
     console.print(f"[green]saved[/] CKKS program to {args.out}; run it with "
@@ -301,7 +306,8 @@ def _bootstraps(boot: dict | None) -> str:
         return "none"
     return (f"{boot['count']} of {boot['slots']} slots after levels {boot['cuts_after_level']} "
             f"({boot['levels_needed']} levels in segments of {boot['levels_per_segment']}; levels left per segment "
-            f"{boot['levels_left_after_segment']}; bootstrapping keys over {boot['modulus_bits']} bits)")
+            f"{boot['levels_left_after_segment']}; bootstrapping keys {boot.get('key_bytes', 0) / 1e9:.1f} GB over "
+            f"{boot['modulus_bits']} bits)")
 
 
 def _engine_rows(backend: str, facts: dict | None) -> list[tuple[str, Any]]:

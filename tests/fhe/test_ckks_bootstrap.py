@@ -4,6 +4,7 @@ small, explicitly insecure ring (N=4096: a bootstrap takes about half a second t
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,12 +17,21 @@ from polyfhe.fhe.backends.lattigo import lower
 from polyfhe.fhe.backends.lattigo_format import parse_container, run_container_plain
 from polyfhe.fhe.bootparams import (
     BOOTSTRAP_RING,
+    CIRCUIT_BITS,
+    KEYGEN_PEAK_FACTOR,
+    RESIDUAL_RINGS,
+    BootstrapSpec,
+    bootstrap_candidates,
+    bootstrap_key_bytes,
     bootstrap_modulus_bits,
     check_bootstrap_security,
     choose_bootstrap_params,
+    default_spec,
+    max_refresh_log_slots,
+    special_primes,
 )
 from polyfhe.fhe.execute import pack_single, run_plain
-from polyfhe.fhe.params import MAX_BITS_128, CKKSParams
+from polyfhe.fhe.params import MAX_BITS_128, CKKSParams, ParameterError
 from polyfhe.fhe.program import Step
 from tests.fhe.ckks_testlib import Square, digits, train
 
@@ -135,14 +145,57 @@ def test_no_bootstrap_when_the_chain_holds_the_circuit_and_a_useless_chain_is_re
 # ---------------------------------------------------------------------------------------------------------------
 # parameters
 # ---------------------------------------------------------------------------------------------------------------
-def test_bootstrapping_chains_meet_the_128_bit_bound_on_the_bootstrapping_modulus():
+def test_bootstrapping_chains_meet_the_128_bit_bound_on_both_rings():
     for depth in (20, 30, 60):
         params, spec = choose_bootstrap_params(depth, 8192)
         secure, bits, bound = check_bootstrap_security(params, spec)
-        assert params.poly_modulus_degree == BOOTSTRAP_RING and secure and bits <= bound == MAX_BITS_128[BOOTSTRAP_RING]
-        assert bits == bootstrap_modulus_bits(params, spec) and params.levels >= 11
+        assert spec.logn == 16 and secure and bits <= bound == MAX_BITS_128[BOOTSTRAP_RING]
+        assert bits == bootstrap_modulus_bits(params, spec)
+        # the residual chain, special prime included, is secure on its own (smaller) ring too
+        assert params.slots >= 8192 and sum(params.coeff_mod_bits) <= MAX_BITS_128[params.poly_modulus_degree]
+        assert params.levels >= 7
     secure, bits, _ = check_bootstrap_security(SMALL_RING, choose_bootstrap_params(20, 8)[1])
-    assert not secure and bits > MAX_BITS_128[4096]
+    assert secure and bits <= MAX_BITS_128[BOOTSTRAP_RING]  # test rings bootstrap on N=2^16 unless insecure
+    insecure = CKKSParams(4096, SMALL_RING.coeff_mod_bits, 40, security="none")
+    spec = default_spec(insecure, 8)
+    assert spec.logn == 12 and not check_bootstrap_security(insecure, spec)[0]
+
+
+def test_special_primes_make_the_bootstrapping_keys_smallest_that_fit():
+    params, _ = choose_bootstrap_params(30, 1024)
+    chosen = special_primes(params)
+    used = sum(params.coeff_mod_bits[:-1]) + CIRCUIT_BITS
+    for count in range(1, 20):
+        if used + 61 * count > MAX_BITS_128[BOOTSTRAP_RING]:
+            continue
+        other = replace(default_spec(params, 1024), logp=(61,) * count)
+        assert bootstrap_key_bytes(params, replace(other, logp=chosen)) <= bootstrap_key_bytes(params, other)
+
+
+def test_bootstrapping_key_bytes_match_the_measured_lattigo_key_set():
+    # measured: residual N=2^14 [60, 40 x 7], six special primes, 2^10 slots -> 4.26 GB marshalled
+    params = CKKSParams(1 << 14, (60,) + (40,) * 7 + (60,), 40)
+    spec = BootstrapSpec(16, (61,) * 6, 10)
+    assert bootstrap_key_bytes(params, spec) == pytest.approx(4.26e9, rel=0.02)
+
+
+def test_bootstrap_choice_respects_the_memory_budget_and_says_what_would_fit():
+    free = bootstrap_candidates(60, 4096)
+    assert [c.bootstraps for c in free] == sorted(c.bootstraps for c in free)
+    cheapest = free[0]
+    params, _ = choose_bootstrap_params(60, 4096, memory_bytes=None)
+    assert params == cheapest.params
+    tight = cheapest.keygen_peak_bytes - 1
+    params, spec = choose_bootstrap_params(60, 4096, memory_bytes=tight)
+    assert params != cheapest.params
+    assert bootstrap_key_bytes(params, spec) * KEYGEN_PEAK_FACTOR <= tight
+    smallest = min(c.keygen_peak_bytes for c in free)
+    with pytest.raises(ParameterError, match=r"cannot bootstrap within .* GB: the smallest choice, residual N="):
+        choose_bootstrap_params(60, 4096, memory_bytes=smallest - 1)
+    # wider refreshes (more interleaved samples) hold more keys: the widest that fits shrinks with memory
+    _, spec = choose_bootstrap_params(60, 1024)
+    widths = [max_refresh_log_slots(params, spec, m) for m in (None, 40e9, 20e9, 1)]
+    assert widths == sorted(widths, reverse=True) and widths[-1] == spec.log_slots
 
 
 def test_a_circuit_too_deep_for_seal_says_which_engine_bootstraps():
@@ -232,7 +285,8 @@ def test_cli_exports_a_deep_model_with_bootstraps_and_refuses_it_with_bootstrap_
     assert "bootstraps" in out and "after levels" in out
     prog = load_program(tmp_path / "p")
     info = prog.manifest.info["bootstrap"]
-    assert prog.params.poly_modulus_degree == BOOTSTRAP_RING and prog.params.security == "tc128"
+    assert prog.params.poly_modulus_degree in RESIDUAL_RINGS and prog.params.security == "tc128"
+    assert info["spec"]["logn"] == 16 and info["key_bytes"] > 0
     assert info["count"] >= 1 and info["modulus_bits"] <= MAX_BITS_128[BOOTSTRAP_RING]
     assert prog.manifest.info["planned"]["bootstraps"] == info["count"]
     assert main([*common, "--out", str(tmp_path / "q"), "--bootstrap", "off"]) != 0

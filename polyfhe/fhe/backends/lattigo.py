@@ -28,6 +28,7 @@ from polyfhe.fhe.backends.lattigo_format import (
     galois_element,
     lattigo_params,
     lower_program,
+    secret_weight,
 )
 from polyfhe.fhe.client import InputError, check_input, check_result, identity_header
 from polyfhe.fhe.execute import pack_single, unpack_single
@@ -72,31 +73,32 @@ def _available() -> None:
     _evaluator_lib()
 
 
-def lattigo_primes(params) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(ciphertext primes Q[0..L], special primes) that Lattigo generates for ``params``."""
+def lattigo_primes(params, bootstrap: dict | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(ciphertext primes Q[0..L], special primes) that Lattigo generates for ``params`` (for a program that
+    bootstraps, primes that are also NTT primes of the bootstrapping ring)."""
     ckks, _ = _client_lib()
-    p = ckks.Parameters.from_dict(lattigo_params(params))
+    p = ckks.Parameters.from_dict(lattigo_params(params, bootstrap))
     try:
         return tuple(int(q) for q in p.moduli_chain()), tuple(int(q) for q in p.aux_moduli_chain())
     finally:
         p.close()
 
 
-def modulus_bits(params) -> float:
+def modulus_bits(params, bootstrap: dict | None = None) -> float:
     """log2 of the whole modulus Lattigo builds for ``params`` (ciphertext primes and the special prime)."""
-    return sum(math.log2(q) for chain in lattigo_primes(params) for q in chain)
+    return sum(math.log2(q) for chain in lattigo_primes(params, bootstrap) for q in chain)
 
 
 def lower(program) -> LattigoModel:
     """The program lowered for Lattigo's own primes (its adds' scale corrections depend on them)."""
-    return lower_program(program, lattigo_primes(program.params)[0])
+    return lower_program(program, lattigo_primes(program.params, bootstrap_spec(program.manifest))[0])
 
 
 def check_security(params, bootstrap: dict | None = None) -> None:
     """Refuse parameters past the 128-bit bound unless the program was exported with ``allow_insecure``; for a
     program that bootstraps, the bootstrapping keys' whole modulus is checked too (``fhe/bootparams.py``)."""
     bound = MAX_BITS_128.get(params.poly_modulus_degree)
-    bits = modulus_bits(params)
+    bits = modulus_bits(params, bootstrap)
     if bootstrap:
         secure, btp_bits, btp_bound = check_bootstrap_security(params, BootstrapSpec.from_dict(bootstrap))
         if not secure:
@@ -168,7 +170,7 @@ class LattigoClient:
         check_security(manifest.params, spec)
         self.manifest = manifest
         t0 = time.perf_counter()
-        self._params = ckks.Parameters.from_dict(lattigo_params(manifest.params))
+        self._params = ckks.Parameters.from_dict(lattigo_params(manifest.params, spec))
         keygen = rlwe.KeyGenerator(self._params)
         self._secret_key = keygen.gen_secret_key()
         public_key = keygen.gen_public_key(self._secret_key)
@@ -201,9 +203,8 @@ class LattigoClient:
     def _bootstrap_keys(self, rlwe, spec: dict) -> bytes:
         """Lattigo's bootstrapping evaluation keys (their own relinearisation, Galois and encapsulation keys on the
         bootstrapping modulus) for the spec's ring and slots; the Go objects are freed at once."""
-        params = lattigo_params(self.manifest.params, spec)
-        btp = rlwe.BootstrapParams(self._params, logn=int(spec["logn"]), logp=list(spec["logp"]), h=params["h"],
-                                   log_slots=int(spec["log_slots"]))
+        btp = rlwe.BootstrapParams(self._params, logn=int(spec["logn"]), logp=list(spec["logp"]),
+                                   h=secret_weight(1 << int(spec["logn"])), log_slots=int(spec["log_slots"]))
         try:
             evk, keys = btp.gen_eval_keys(self._secret_key)
             evk.close()

@@ -42,7 +42,7 @@ import numpy as np
 from polyfhe.fhe.client import galois_element as rotation_galois_element
 
 __all__ = ["LattigoModel", "LattigoScales", "bootstrap_spec", "bsgs_rotations", "evaluation_key_set", "galois_element",
-           "lattigo_params", "lower_program", "parse_container", "run_container_plain"]
+           "lattigo_params", "lower_program", "parse_container", "run_container_plain", "secret_weight"]
 
 MAGIC = b"ORION\x00\x02\x00"
 GALOIS_GENERATOR = 5  # Lattigo's rotation generator (SEAL uses 3)
@@ -71,10 +71,18 @@ def lattigo_params(params, bootstrap: dict | None = None) -> dict:
     bits = list(params.coeff_mod_bits)
     n = params.poly_modulus_degree
     out = {"logn": int(math.log2(n)), "logq": bits[:-1], "logp": bits[-1:], "log_default_scale": params.scale_bits,
-           "h": (2 * n) // 3, "ring_type": "standard", "boot_logp": None}
-    if bootstrap:
-        out.update(boot_logp=[int(b) for b in bootstrap["logp"]], btp_logn=int(bootstrap["logn"]))
+           "h": secret_weight(n), "ring_type": "standard", "boot_logp": None}
+    if bootstrap:  # every prime an NTT prime of the bootstrapping ring too (the evaluator derives the same)
+        logn = int(bootstrap["logn"])
+        out.update(boot_logp=[int(b) for b in bootstrap["logp"]], btp_logn=logn, log_nth_root=logn + 1)
     return out
+
+
+def secret_weight(n: int) -> int:
+    """Non-zero coefficients of the fixed-weight ternary secret on ring ``n``: two thirds, the weight a uniform
+    ternary secret (the HE standard's model) has on average. The bootstrapping ring's secret (ring switching)
+    gets its own ring's weight."""
+    return (2 * n) // 3
 
 
 def bootstrap_spec(manifest) -> dict | None:
