@@ -96,7 +96,7 @@ def _brute_force(steps: list[Step], output: int, depth: int, budget: int) -> int
     for k in range(depth):
         for cuts in itertools.combinations(range(1, depth), k):
             bounds = [0, *cuts, depth]
-            gaps = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+            gaps = [b - a for a, b in itertools.pairwise(bounds)]
             if any(g > budget - 1 for g in gaps[:-1]) or gaps[-1] > budget:
                 continue
             count = sum(any(levels[r] <= c < last.get(r, -1) for c in cuts) for r in levels)

@@ -21,6 +21,7 @@ import numpy as np
 
 from polyfhe.fhe.backends.base import Backend, BackendUnavailable
 from polyfhe.fhe.backends.go_env import warn_if_missing
+from polyfhe.fhe.backends.lattigo_bootkeys import generate_in_child
 from polyfhe.fhe.backends.lattigo_format import (
     LattigoModel,
     bootstrap_spec,
@@ -30,9 +31,9 @@ from polyfhe.fhe.backends.lattigo_format import (
     lower_program,
     secret_weight,
 )
+from polyfhe.fhe.bootparams import BootstrapSpec, bootstrap_key_bytes, check_bootstrap_security
 from polyfhe.fhe.client import InputError, check_input, check_result, identity_header
 from polyfhe.fhe.execute import pack_single, unpack_single
-from polyfhe.fhe.bootparams import BootstrapSpec, check_bootstrap_security
 from polyfhe.fhe.params import MAX_BITS_128, ParameterError, estimated_sizes
 from polyfhe.fhe.server import (
     DEFAULT_MAX_CIPHERTEXT_BYTES,
@@ -170,7 +171,8 @@ class LattigoClient:
         check_security(manifest.params, spec)
         self.manifest = manifest
         t0 = time.perf_counter()
-        self._params = ckks.Parameters.from_dict(lattigo_params(manifest.params, spec))
+        self._lattigo_params = lattigo_params(manifest.params, spec)
+        self._params = ckks.Parameters.from_dict(self._lattigo_params)
         keygen = rlwe.KeyGenerator(self._params)
         self._secret_key = keygen.gen_secret_key()
         public_key = keygen.gen_public_key(self._secret_key)
@@ -185,7 +187,7 @@ class LattigoClient:
         keygen.close()
         sections = {"evaluation_keys": evaluation_key_set(relin, galois)}
         if spec:
-            sections["bootstrap_keys"] = [self._bootstrap_keys(rlwe, spec)]
+            sections["bootstrap_keys"] = [self._bootstrap_keys(spec)]
         self.keygen_seconds = time.perf_counter() - t0
         self._encoder = ckks.Encoder(self._params)
         self._encryptor = rlwe.Encryptor(self._params, public_key)
@@ -200,17 +202,13 @@ class LattigoClient:
         log.info("Lattigo keys for program %s in %.2f s (%d Galois keys, %.0f MB)", manifest.program_id,
                  self.keygen_seconds, len(manifest.galois_steps), len(self._public_context) / 1e6)
 
-    def _bootstrap_keys(self, rlwe, spec: dict) -> bytes:
+    def _bootstrap_keys(self, spec: dict) -> bytes:
         """Lattigo's bootstrapping evaluation keys (their own relinearisation, Galois and encapsulation keys on the
-        bootstrapping modulus) for the spec's ring and slots; the Go objects are freed at once."""
-        btp = rlwe.BootstrapParams(self._params, logn=int(spec["logn"]), logp=list(spec["logp"]),
-                                   h=secret_weight(1 << int(spec["logn"])), log_slots=int(spec["log_slots"]))
-        try:
-            evk, keys = btp.gen_eval_keys(self._secret_key)
-            evk.close()
-            return _marshalled(keys)
-        finally:
-            btp.close()
+        bootstrapping modulus) for the spec's ring and slots, generated in a child process
+        (``lattigo_bootkeys``) so that the Go heap it peaks at is gone when it ends."""
+        predicted = bootstrap_key_bytes(self.manifest.params, BootstrapSpec.from_dict(spec))
+        return generate_in_child(self._lattigo_params, spec, self._secret_key.marshal_binary(),
+                                 secret_weight(1 << int(spec["logn"])), limit=max(4 * predicted, 1 << 28))
 
     def public_context(self) -> bytes:
         """Relinearisation and exactly the program's Galois keys (Lattigo's ``MemEvaluationKeySet``). No secret."""
