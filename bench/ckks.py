@@ -5,6 +5,8 @@
     python bench/ckks.py --model monet_fhe_bn   # (c) adds an FHE-sized zoo model or checkpoint folder
     python bench/ckks.py --backend seal lattigo # the engines side by side: runs bench/ckks_plans.py's cases
                                                 # (user MONet, monet_fhe_bn, digits MLP) on each, one run
+    python bench/ckks.py --model monet_fhe_deep_bn --backend lattigo   # one model (zoo name or checkpoint
+                                                # folder) on the engine: bootstraps, keys, latency, RSS, error
 
 Every case runs in a fresh process (so peak RSS is the case's own) and reports key generation, key and
 ciphertext sizes, single-sample latency (cold = first run, plaintext diagonals encoded on the fly; warm =
@@ -369,8 +371,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend:
         import ckks_plans
 
-        cases = [] if "--cases" in rest else ["--cases", "user_monet", "monet_fhe_bn", "digits_mlp"]
-        return ckks_plans.main(["--backend", *args.backend, "--out", str(args.out), *cases, *rest])
+        if args.model:  # the model alone, on few images (a bootstrapped one takes minutes each), no baseline
+            defaults = ["--cases", "--model", args.model, "--images", "4", "--baseline", "none"]
+        else:
+            defaults = ["--cases", "user_monet", "monet_fhe_bn", "digits_mlp"]
+        given = {a.split("=")[0] for a in rest if a.startswith("--")}
+        kept, i = [], 0
+        while i < len(defaults):  # drop a default the caller gave
+            j = next((k for k in range(i + 1, len(defaults)) if defaults[k].startswith("--")), len(defaults))
+            if defaults[i] not in given or defaults[i] == "--model":
+                kept += defaults[i:j]
+            i = j
+        return ckks_plans.main(["--backend", *args.backend, "--out", str(args.out), *kept, *rest])
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     cases = args.cases or (["digits_mlp"] if args.quick else ["layer784", "digits_mlp"])

@@ -5,9 +5,12 @@
     python bench/ckks_plans.py --baseline none                  # this tree only
     python bench/ckks_plans.py --backend seal lattigo           # both engines (and the baseline on SEAL), one run
 
+    python bench/ckks_plans.py --model runs/deep --backend lattigo --cases --images 2   # a trained checkpoint
+
 Cases: ``user_monet`` (a MONet-BN written as plain torch code, ``user_models.py``, trained briefly on
 Fashion-MNIST), ``monet_fhe_bn`` and ``cpolynext_fhe_bn`` (zoo recipes at 28x28, BatchNorm statistics from the
-calibration images) and ``digits_mlp`` (64->32->x^2->10 on scikit-learn's digits). The weights are made once, here,
+calibration images) and ``digits_mlp`` (64->32->x^2->10 on scikit-learn's digits); ``--model`` adds a zoo name (trained one short
+epoch here) or a checkpoint folder from ``polyfhe train`` (its own weights, Fashion-MNIST or digits test images). The weights are made once, here,
 and both trees load the same ones. Every measurement runs in fresh processes: compile (time and peak RSS), then a
 client process (keys, encryption, decryption) that runs the server in a process of its own, so the server's peak
 RSS is its own. Latency is server compute per ciphertext (several images share one when the program interleaves
@@ -54,14 +57,26 @@ def _fashion(n_train: int, n_test: int):
     return data.x_train[:n_train], data.y_train[:n_train], data.x_test[:n_test]
 
 
+def _checkpoint_case(spec: Path, images: int):
+    """A trained checkpoint: its model, calibration images from the training split, test images."""
+    from polyfhe.checkpoint import load_checkpoint
+    from polyfhe.data.sources import load_dataset
+
+    model, _ = load_checkpoint(spec)
+    data = load_dataset("fashion-mnist" if tuple(model.input_shape) == (1, 28, 28) else "digits")
+    return model, data.x_train[:256], data.x_test[:images]
+
+
 def make_case(name: str, folder: Path, images: int) -> None:
     """Write ``model.pt`` (a pickled module: both trees load it without our model code), the calibration
-    and test images of ``name`` to ``folder``."""
+    and test images of ``name`` to ``folder``. ``name``: a case, a zoo name, or a checkpoint folder."""
     import torch
     from torch import nn
 
     torch.manual_seed(0)
-    if name == "user_monet":
+    if Path(name).is_dir():
+        model, calib, test = _checkpoint_case(Path(name), images)
+    elif name == "user_monet":
         from user_models import UserMONetBN, train_briefly
 
         x, y, test = _fashion(6000, images)
@@ -121,7 +136,15 @@ def stage_compile(folder: Path, out: Path, backend: str = "seal") -> dict:
             "plaintext_diagonals": info.get("plaintext_diagonals"), "linear_maps": info.get("linear_maps"),
             "galois_keys": len(prog.manifest.galois_steps), "rotation_steps": info.get("rotation_steps"),
             "samples_per_ciphertext": prog.manifest.samples_per_ciphertext,
-            "planned": {k: info[k] for k in ("key_switches", "plain_products", "encodes") if k in info}}
+            "planned": {k: info[k] for k in ("key_switches", "plain_products", "encodes") if k in info},
+            **_bootstrap_summary(info.get("bootstrap"))}
+
+
+def _bootstrap_summary(boot: dict | None) -> dict:
+    if not boot:
+        return {"bootstraps": 0}
+    return {"bootstraps": boot["count"], "bootstrap_slots": boot["slots"], "bootstrap_cuts": boot["cuts_after_level"],
+            "predicted_bootstrap_key_gb": boot.get("key_bytes", 0) / 1e9}
 
 
 def stage_server(program: Path, work: Path) -> dict:
@@ -155,6 +178,8 @@ def stage_client(folder: Path, program: Path, tree_env: dict, images: int) -> di
     client = prog.client()
     context = client.public_context()
     keygen = time.perf_counter() - start
+    keygen_child_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # Lattigo's bootstrapping keys
+    client_gb = _rss_gb()
     lanes = prog.manifest.samples_per_ciphertext
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -167,6 +192,8 @@ def stage_client(folder: Path, program: Path, tree_env: dict, images: int) -> di
     logits = np.concatenate(outputs)
     warm = server["server_s"][1:] or server["server_s"]
     return {"keygen_s": keygen, "context_mb": len(context) / 1e6, "images": len(test), "lanes": lanes,
+            "keygen_child_rss_gb": keygen_child_gb or None, "client_rss_gb": client_gb,
+            "client_plus_server_rss_gb": client_gb + server["server_rss_gb"],
             "cold_s": server["server_s"][0], "warm_s": statistics.median(warm),
             "per_image_s": statistics.median(warm) / lanes, "server_rss_gb": server["server_rss_gb"],
             "max_logit_error": float(np.max(np.abs(logits - reference))),
@@ -214,10 +241,20 @@ def tree_env(tree: Path | None) -> dict:
     return env
 
 
+def case_label(case: str) -> str:
+    """A case's name in the tables: a checkpoint folder by the model it holds and its epoch."""
+    if not Path(case).is_dir():
+        return case
+    from polyfhe.checkpoint import read_checkpoint_info
+
+    info = read_checkpoint_info(case)
+    return f"{info.model_name} (checkpoint, epoch {info.epoch})"
+
+
 def measure(case: str, folder: Path, tree: Path | None, images: int, backend: str = "seal") -> dict:
     env = tree_env(tree)
     program = folder / (f"program-base-{backend}" if tree else f"program-{backend}")
-    result = {"case": case, "tree": "baseline" if tree else "this", "backend": backend,
+    result = {"case": case_label(case), "tree": "baseline" if tree else "this", "backend": backend,
               "column": f"{'baseline' if tree else 'this tree'} / {backend}"}
     try:
         result.update(_run_stage(["compile", str(folder), str(program), backend], env))
@@ -232,11 +269,17 @@ def measure(case: str, folder: Path, tree: Path | None, images: int, backend: st
 # ------------------------------------------------------------------------------------------------------------
 ROWS = [("plaintext_diagonals", "plaintext diagonals", "{:,}"), ("linear_maps", "linear maps", "{}"),
         ("galois_keys", "Galois keys", "{}"), ("ring", "ring N", "{}"), ("depth", "levels used", "{}"),
+        ("bootstraps", "bootstraps", "{}"), ("bootstrap_slots", "slots per bootstrap", "{}"),
+        ("bootstrap_cuts", "bootstraps after levels", "{}"),
+        ("predicted_bootstrap_key_gb", "bootstrapping keys, predicted (GB)", "{:.2f}"),
         ("analyzer_levels", "analyzer levels (lower bound)", "{}"), ("compile_s", "compile (s)", "{:.1f}"),
         ("compile_rss_gb", "compile peak RSS (GB)", "{:.2f}"), ("keygen_s", "key generation (s)", "{:.1f}"),
         ("context_mb", "public context (MB)", "{:.0f}"), ("lanes", "images per ciphertext", "{}"),
         ("cold_s", "cold latency per ciphertext (s)", "{:.2f}"), ("warm_s", "warm latency per ciphertext (s)", "{:.2f}"),
         ("per_image_s", "warm time per image (s)", "{:.3f}"), ("server_rss_gb", "server peak RSS (GB)", "{:.2f}"),
+        ("keygen_child_rss_gb", "bootstrapping key generation peak RSS (GB)", "{:.2f}"),
+        ("client_rss_gb", "client peak RSS (GB)", "{:.2f}"),
+        ("client_plus_server_rss_gb", "client + server peak RSS (GB)", "{:.2f}"),
         ("images", "images run", "{}"), ("argmax_agreement", "argmax agreement", "{:.0%}"),
         ("max_logit_error", "max logit error", "{:.1e}")]
 
@@ -296,7 +339,9 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--cases", nargs="*", choices=CASES, default=list(CASES))
+    parser.add_argument("--model", action="append", default=[], metavar="NAME_OR_CHECKPOINT",
+                        help="also run a zoo model (trained one short epoch here) or a `polyfhe train` checkpoint")
     parser.add_argument("--images", type=int, default=100, help="test images run encrypted per case (this tree)")
     parser.add_argument("--baseline", default="HEAD~", help="git ref of the baseline tree, or 'none'")
     parser.add_argument("--baseline-images", type=int, default=2, help="images for the baseline (slow)")
@@ -321,8 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base = None if args.baseline == "none" else baseline_tree(args.baseline, Path(tmp) / "baseline")
         try:
-            for case in args.cases:
-                folder = Path(tmp) / case
+            for case in [*args.cases, *args.model]:
+                folder = Path(tmp) / Path(case).name
                 make_case(case, folder, args.images)
                 for backend in args.backend:
                     log.warning("%s: measuring this tree on %s, %d images", case, backend, args.images)

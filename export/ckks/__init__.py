@@ -31,7 +31,7 @@ from polyfhe.export.ckks.counters import plan_counters
 from polyfhe.export.ckks.lower import lower_onnx
 from polyfhe.export.ckks.plan import max_samples_per_ciphertext, plan_batch, plan_single
 from polyfhe.export.ckks.spend import MIN_SPEND_SCALE_BITS, LevelSpend, spend_budget, spend_levels
-from polyfhe.fhe.backends import DEFAULT_BACKEND, BackendUnavailable, get_backend
+from polyfhe.fhe.backends import DEFAULT_BACKEND, BackendUnavailable, KeySetTooLarge, get_backend
 from polyfhe.fhe.bootparams import (
     BootstrapSpec,
     bootstrap_key_bytes,
@@ -232,6 +232,7 @@ def export_ckks(
     spend_levels: bool = True,
     bootstrap: str = "auto",
     bootstrap_memory: int | None = None,
+    _force_bootstrap: bool = False,
 ) -> CKKSProgram:
     """Compile ``model`` (module or ONNX) into a CKKS program for ``layout`` ("single" or "batch").
 
@@ -249,7 +250,9 @@ def export_ckks(
     levels than a leveled ring offers (or than ``params`` holds), run it on a residual chain and place bootstraps
     where they cost least (``bootstrap.py``); ``calibration`` samples set each bootstrap's input range.
     ``bootstrap_memory``: bytes the bootstrapping key generation may peak at (None: 75% of this machine's RAM);
-    cheaper residual chains whose keys would not fit are passed over, and said so in the log.
+    cheaper residual chains whose keys would not fit are passed over, and said so in the log. A leveled ring
+    the engine cannot serve (Lattigo: its Galois keys alone over a server's context limit) is given up for a
+    bootstrapped residual ring when bootstrapping is allowed.
     """
     from polyfhe.analysis import analyze
 
@@ -286,8 +289,13 @@ def export_ckks(
         poly_modulus_degree, min_scale_bits = spent.ring, spent.min_scale_bits
     boot_spec = None
     boot_memory = machine_memory_budget() if bootstrap_memory is None else bootstrap_memory
+    leveled_auto = False
     try:
-        if params is None:
+        if params is None and _force_bootstrap:
+            params, boot_spec = choose_bootstrap_params(circuit.depth, slots_needed, scale_bits=scale_bits,
+                                                        memory_bytes=boot_memory)
+        elif params is None:
+            leveled_auto = True
             try:
                 params = choose_params(circuit.depth, slots_needed, max_abs, scale_bits=scale_bits,
                                        min_scale_bits=min_scale_bits, poly_modulus_degree=poly_modulus_degree,
@@ -295,6 +303,7 @@ def export_ckks(
             except ParameterError as exc:
                 if not may_bootstrap:
                     raise ParameterError(f"{exc}{_bootstrap_hint(engine, layout, bootstrap)}") from exc
+                leveled_auto = False
                 params, boot_spec = choose_bootstrap_params(circuit.depth, slots_needed, scale_bits=scale_bits,
                                                             memory_bytes=boot_memory)
         params = validate(params, allow_insecure=allow_insecure)
@@ -348,6 +357,15 @@ def export_ckks(
     manifest = _manifest(plan, circuit, params, layout, input_range, info)
     try:
         program = engine.prepare(CKKSProgram.create(manifest, plan.arrays))
+    except KeySetTooLarge as exc:
+        if not (leveled_auto and may_bootstrap):
+            raise CKKSExportError(f"{name} on backend {backend!r}: {exc}") from exc
+        log.warning("%s: %s; compiling for a smaller residual ring with bootstrapping instead", name, exc)
+        return export_ckks(model, calibration=calibration, layout=layout, input_shape=input_shape,
+                           scale_bits=scale_bits, allow_insecure=allow_insecure, batch_memory_budget=batch_memory_budget,
+                           galois_key_budget=galois_key_budget, samples_per_ciphertext=samples_per_ciphertext,
+                           backend=backend, spend_levels=False, bootstrap=bootstrap,
+                           bootstrap_memory=bootstrap_memory, _force_bootstrap=True)
     except (ParameterError, ValueError) as exc:
         raise CKKSExportError(f"{name} on backend {backend!r}: {exc}") from exc
     log.info("CKKS program %s: %s, %s, depth %d, %d Galois keys, %d sample(s) per ciphertext", program.program_id,

@@ -291,3 +291,30 @@ def test_cli_exports_a_deep_model_with_bootstraps_and_refuses_it_with_bootstrap_
     assert prog.manifest.info["planned"]["bootstraps"] == info["count"]
     assert main([*common, "--out", str(tmp_path / "q"), "--bootstrap", "off"]) != 0
     assert "levels" in capsys.readouterr().err
+
+
+def test_a_leveled_ring_whose_keys_no_server_accepts_falls_back_to_bootstrapping(caplog):
+    """25 levels fit N=32768 leveled, but Lattigo's rotation keys there exceed a server's context limit: the
+    export bootstraps on a smaller residual ring instead of refusing the model."""
+    class Residual(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.head = nn.Linear(64, 32), nn.Linear(32, 10)
+            self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(12))
+
+        def forward(self, x):
+            h = self.stem(x.flatten(1))
+            for block in self.blocks:
+                h = h + 0.25 * block(h) * block(h)
+            return self.head(h)
+
+    torch.manual_seed(0)
+    x = digits()[0][:32]
+    with caplog.at_level("WARNING"):
+        prog = export_ckks(Residual().eval(), calibration=x, input_shape=(1, 8, 8), backend="lattigo",
+                           bootstrap_memory=int(20e9))
+    assert "compiling for a smaller residual ring with bootstrapping instead" in caplog.text
+    assert prog.params.poly_modulus_degree < 32768 and prog.params.security == "tc128"
+    assert prog.manifest.info["bootstrap"]["count"] >= 1
+    with pytest.raises(CKKSExportError, match="rotation keys"):
+        export_ckks(Residual().eval(), calibration=x, input_shape=(1, 8, 8), backend="lattigo", bootstrap="off")

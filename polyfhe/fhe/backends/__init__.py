@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import importlib
 
-from polyfhe.fhe.backends.base import Backend, BackendUnavailable
+from polyfhe.fhe.backends.base import Backend, BackendUnavailable, KeySetTooLarge
 
-__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "client_for", "get_backend", "list_backends"]
+__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "KeySetTooLarge", "client_for", "get_backend", "list_backends"]
 
 # name -> module defining ``BACKEND``; imported on first use so a missing engine only fails when it is asked for
 _MODULES = {"seal": "polyfhe.fhe.backends.seal", "lattigo": "polyfhe.fhe.backends.lattigo"}

@@ -6,11 +6,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Backend", "BackendUnavailable", "ClientProtocol", "ServerProtocol"]
+__all__ = ["Backend", "BackendUnavailable", "ClientProtocol", "KeySetTooLarge", "ServerProtocol"]
 
 
 class BackendUnavailable(ImportError):
     """The engine's package is not installed; the message says how to install it."""
+
+
+class KeySetTooLarge(ValueError):
+    """The program's evaluation keys would exceed what a server accepts on these parameters; a smaller ring
+    (bootstrapping, on engines that can) may still fit."""
 
 
 class ClientProtocol(Protocol):

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from polyfhe.fhe.backends.base import Backend, BackendUnavailable
+from polyfhe.fhe.backends.base import Backend, BackendUnavailable, KeySetTooLarge
 from polyfhe.fhe.backends.go_env import warn_if_missing
 from polyfhe.fhe.backends.lattigo_bootkeys import generate_in_child
 from polyfhe.fhe.backends.lattigo_format import (
@@ -126,11 +126,19 @@ def key_set_bytes(params, keys: int) -> int:
     return estimated_sizes(params, keys)["galois_keys"]  # the same layout as SEAL's uncompressed keys
 
 
+def context_limit(program) -> int:
+    """The public context a server accepts for ``program`` by default: the Galois key budget, plus the predicted
+    bootstrapping keys (with a tenth to spare) for a program that bootstraps."""
+    spec = bootstrap_spec(program.manifest)
+    extra = 0 if not spec else bootstrap_key_bytes(program.params, BootstrapSpec.from_dict(spec)) * 11 // 10
+    return DEFAULT_MAX_CONTEXT_BYTES + extra
+
+
 def _check_key_set(params, galois_keys: int, needs_relin: bool) -> None:
     """Refuse at export a key set no server would accept (over its default context limit), with the numbers."""
     size = key_set_bytes(params, galois_keys + int(needs_relin))
     if size > DEFAULT_MAX_CONTEXT_BYTES:
-        raise ValueError(
+        raise KeySetTooLarge(
             f"Lattigo needs {galois_keys} rotation keys ({size / 2**30:.1f} GiB of keys at {params.describe()}), "
             f"over the {DEFAULT_MAX_CONTEXT_BYTES / 2**30:.0f} GiB public context a server accepts: it has no "
             "composed rotations, so every rotation step the plan uses needs a key. Use backend='seal', which "
@@ -275,11 +283,12 @@ class LattigoServer:
     """Runs a program on one client's evaluation keys. Lattigo's evaluator is not thread-safe: runs are serialised
     per session (different sessions run in parallel, each on its own evaluator)."""
 
-    def __init__(self, program, public_context: bytes, *, max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES,
+    def __init__(self, program, public_context: bytes, *, max_context_bytes: int | None = None,
                  max_ciphertext_bytes: int = DEFAULT_MAX_CIPHERTEXT_BYTES, **_ignored) -> None:
         self.program = program
         self.max_ciphertext_bytes = max_ciphertext_bytes
-        box = unpack(public_context, KIND_CONTEXT, max_bytes=max_context_bytes)
+        limit = context_limit(program) if max_context_bytes is None else max_context_bytes
+        box = unpack(public_context, KIND_CONTEXT, max_bytes=limit)
         check_identity(box.header, program, "public context")
         if box.header.get("backend") != NAME or "evaluation_keys" not in box.sections:
             raise WireError(f"public context was made for backend {box.header.get('backend', 'seal')!r}; this "
