@@ -29,6 +29,7 @@ from polyfhe.export.ckks.bootstrap import (
 from polyfhe.export.ckks.circuit import Circuit
 from polyfhe.export.ckks.counters import plan_counters
 from polyfhe.export.ckks.lower import lower_onnx
+from polyfhe.export.ckks.matmul import expand_matmuls, slots_available
 from polyfhe.export.ckks.plan import max_samples_per_ciphertext, plan_batch, plan_single
 from polyfhe.export.ckks.spend import MIN_SPEND_SCALE_BITS, LevelSpend, spend_budget, spend_levels
 from polyfhe.fhe.backends import DEFAULT_BACKEND, BackendUnavailable, KeySetTooLarge, get_backend
@@ -131,6 +132,7 @@ def _spend(proto: onnx.ModelProto, circuit: Circuit, calibration: Any, slots_nee
     decision = spend_levels(proto, circuit, budget)
     if not decision.factored:
         return _Spent(circuit, calibrated, decision.to_info(), ring)
+    decision = replace(decision, circuit=expand_matmuls(decision.circuit, ring // 2))  # re-lowered: MatMuls again
     factored = _calibration_ranges(decision.circuit, calibration)
     if params is None:
         try:
@@ -277,6 +279,8 @@ def export_ckks(
         raise CKKSExportError(f"{name} is not polynomial, so it cannot run under CKKS: {shown}")
     try:
         circuit = lower_onnx(proto)
+        circuit = expand_matmuls(circuit, slots_available(params, poly_modulus_degree, may_bootstrap)) \
+            if layout == "single" else circuit  # ct x ct MatMul as replicate / multiply / sum maps
     except LoweringError as exc:
         raise CKKSExportError(f"{name}: {exc}") from exc
     max_abs, input_range, cal_info = _calibration_ranges(circuit, calibration)

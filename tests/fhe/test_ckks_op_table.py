@@ -150,7 +150,7 @@ SAMPLES = [
     Sample("Pow", PRODUCT, "", lambda: _model([n("Pow", ["x", "k"])], (1, 4), {"k": np.float32(3.0)})),
     Sample("MatMul", PRODUCT, "", lambda: _model(
         [n("MatMul", ["x", "W"], "q"), n("Transpose", ["x"], "xt", perm=[0, 2, 1]), n("MatMul", ["q", "xt"])],
-        (1, 3, 4), {"W": _w(4, 4)}), layout="batch"),
+        (1, 3, 4), {"W": _w(4, 4)})),
     # ---------------------------------------------------------------- the rest
     Sample("Cast", ALIAS, "", lambda: _model([n("Cast", ["x"], to=TensorProto.DOUBLE)], (1, 4),
                                              out_type=TensorProto.DOUBLE)),
