@@ -58,11 +58,15 @@ def _fashion(n_train: int, n_test: int):
 
 
 def _checkpoint_case(spec: Path, images: int):
-    """A trained checkpoint: its model, calibration images from the training split, test images."""
+    """A trained checkpoint (its input normalisation folded in, as ``polyfhe export`` does: it takes images in
+    [0, 1]): its model, calibration images from the training split, test images."""
     from polyfhe.checkpoint import load_checkpoint
     from polyfhe.data.sources import load_dataset
+    from polyfhe.training.data import Normalization
 
-    model, _ = load_checkpoint(spec)
+    model, info = load_checkpoint(spec)
+    if info.extra.get("normalization") is not None:
+        model = Normalization.from_dict(info.extra["normalization"]).prepend_to(model)
     data = load_dataset("fashion-mnist" if tuple(model.input_shape) == (1, 28, 28) else "digits")
     return model, data.x_train[:256], data.x_test[:images]
 
@@ -178,6 +182,7 @@ def stage_client(folder: Path, program: Path, tree_env: dict, images: int) -> di
     client = prog.client()
     context = client.public_context()
     keygen = time.perf_counter() - start
+    context_mb = len(context) / 1e6
     keygen_child_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # Lattigo's bootstrapping keys
     client_gb = _rss_gb()
     lanes = prog.manifest.samples_per_ciphertext
@@ -187,11 +192,14 @@ def stage_client(folder: Path, program: Path, tree_env: dict, images: int) -> di
         chunks = [test[i:i + lanes] for i in range(0, len(test), lanes)]
         for i, chunk in enumerate(chunks):
             (work / f"query-{i:05d}.bin").write_bytes(client.encrypt(chunk))
+        del context  # gigabytes with bootstrapping keys: the server stage reads them from the file
+        if hasattr(client, "release_public_context"):
+            client.release_public_context()
         server = _run_stage(["server", str(program), str(work)], tree_env)
         outputs = [client.decrypt((work / f"query-{i:05d}.out").read_bytes())[:len(c)] for i, c in enumerate(chunks)]
     logits = np.concatenate(outputs)
     warm = server["server_s"][1:] or server["server_s"]
-    return {"keygen_s": keygen, "context_mb": len(context) / 1e6, "images": len(test), "lanes": lanes,
+    return {"keygen_s": keygen, "context_mb": context_mb, "images": len(test), "lanes": lanes,
             "keygen_child_rss_gb": keygen_child_gb or None, "client_rss_gb": client_gb,
             "client_plus_server_rss_gb": client_gb + server["server_rss_gb"],
             "cold_s": server["server_s"][0], "warm_s": statistics.median(warm),

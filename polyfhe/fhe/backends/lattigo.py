@@ -10,7 +10,9 @@ prime included), against the HE standard's 128-bit bounds.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
+import json
 import logging
 import math
 import threading
@@ -159,6 +161,31 @@ def _prepare(program):
     return CKKSProgram.create(manifest, program.arrays)
 
 
+def _new_evaluator(module, params: dict, keys, bootstrap_keys):
+    """Lattigo's evaluator on the key sections, read in place: the wheel's constructor first copies every buffer
+    into ctypes memory, and Go copies it again before unmarshalling, so a server holding a 4 GB bootstrapping key
+    set would peak at four copies of it; Go's own copy is the only one here. Falls back to the wheel's constructor
+    where its internals differ from the version this was written for (orion-v2-evaluator 2.1)."""
+    ffi = getattr(module, "ffi", None)
+    internals = ("_lib_call", "_make_errout", "_check_err", "_delete_handle", "GoHandle")
+    if ffi is None or not all(hasattr(ffi, name) for name in internals):
+        return module.Evaluator(params, bytes(keys), None if bootstrap_keys is None else bytes(bootstrap_keys))
+    arrays = [np.frombuffer(k, dtype=np.uint8) for k in (keys, bootstrap_keys) if k is not None]
+    for arr in arrays:
+        if not len(arr):
+            raise ValueError("an empty key section")
+    lib, err = ffi._lib_call(), ffi._make_errout()
+    btp = arrays[1] if len(arrays) > 1 else None
+    handle = lib.EvalNewEvaluator(json.dumps(params).encode(), ctypes.c_void_p(arrays[0].ctypes.data),
+                                  ctypes.c_ulong(len(arrays[0])),
+                                  None if btp is None else ctypes.c_void_p(btp.ctypes.data),
+                                  ctypes.c_ulong(0 if btp is None else len(btp)), ctypes.byref(err))
+    ffi._check_err(err)
+    evaluator = module.Evaluator.__new__(module.Evaluator)
+    evaluator._handle = ffi.GoHandle(int(handle), tag="Evaluator", delete_fn=ffi._delete_handle)
+    return evaluator
+
+
 def _marshalled(key) -> bytes:
     """A Go key's bytes; the Go object is freed at once."""
     try:
@@ -219,8 +246,17 @@ class LattigoClient:
                                  secret_weight(1 << int(spec["logn"])), limit=max(4 * predicted, 1 << 28))
 
     def public_context(self) -> bytes:
-        """Relinearisation and exactly the program's Galois keys (Lattigo's ``MemEvaluationKeySet``). No secret."""
+        """Relinearisation and exactly the program's Galois keys (Lattigo's ``MemEvaluationKeySet``), and the
+        bootstrapping keys of a program that bootstraps. No secret."""
+        if self._public_context is None:
+            raise RuntimeError("the public context was released (release_public_context); make a new client "
+                               "for new keys")
         return self._public_context
+
+    def release_public_context(self) -> None:
+        """Forget the packed public context once the server has it: with bootstrapping keys it is gigabytes,
+        and encrypting and decrypting need only the keys this client keeps in Go."""
+        self._public_context = None
 
     def secret_context(self) -> bytes:
         """A private backup holding the secret key; keep it on the client, never upload it (servers refuse it)."""
@@ -302,8 +338,8 @@ class LattigoServer:
             raise WireError(f"program {program.program_id} bootstraps, and this public context holds no "
                             "bootstrapping keys (make keys with this program's client)")
         try:
-            self._evaluator = evaluator.Evaluator(params, box.sections["evaluation_keys"],
-                                                  box.sections.get("bootstrap_keys") if spec else None)
+            self._evaluator = _new_evaluator(evaluator, params, box.sections["evaluation_keys"],
+                                             box.sections.get("bootstrap_keys") if spec else None)
         except Exception as exc:
             raise WireError(f"evaluation keys are not valid Lattigo keys for {program.params.describe()}: "
                             f"{exc}") from exc
