@@ -194,6 +194,28 @@ def _with_bootstraps(plan, circuit: Circuit, params: CKKSParams, spec: Bootstrap
     return replace(plan, steps=steps), info
 
 
+# A bootstrapping Lattigo server holds its bootstrapping keys three times while it starts (the uploaded context,
+# Go's copy of it, Go's unmarshalled keys; measured: a 4.2 GB key set took the server past 20 GB with 7.8 GB of
+# plaintexts), and every encoded diagonal for as long as it serves.
+SERVER_BOOTSTRAP_KEY_COPIES = 3
+
+
+def _check_server_memory(name: str, planned: dict, boot_info: dict, galois_bytes: int, budget: int) -> None:
+    """Refuse a bootstrapped program whose server would not fit ``budget``, with the numbers and what would."""
+    keys = SERVER_BOOTSTRAP_KEY_COPIES * int(boot_info["key_bytes"])
+    plaintexts = int(planned.get("plaintext_bytes", 0))
+    peak = keys + plaintexts + galois_bytes
+    if peak <= budget:
+        return
+    raise CKKSExportError(
+        f"{name}: its server would peak near {peak / 1e9:.1f} GB ({plaintexts / 1e9:.1f} GB of plaintexts for "
+        f"{planned.get('plain_products', '?')} diagonals, {keys / 1e9:.1f} GB while loading "
+        f"{boot_info['key_bytes'] / 1e9:.1f} GB of bootstrapping keys for {boot_info['count']} bootstraps of "
+        f"{boot_info['slots']} slots, {galois_bytes / 1e9:.1f} GB of Galois keys), over the {budget / 1e9:.1f} GB "
+        "memory budget. What would fit: a narrower model (fewer channels: fewer diagonals and fewer slots per "
+        "bootstrap), or a machine with more memory (bootstrap_memory= / --bootstrap-memory to plan for it)")
+
+
 def _bootstrap_lanes(circuit: Circuit, params: CKKSParams, spec: BootstrapSpec, memory_bytes: int | None) -> int:
     """Samples per ciphertext for a bootstrapped program: as many as fit the slots, but no more than keep the
     (wider) bootstrap's key generation within ``memory_bytes``; more lanes refresh more slots per bootstrap."""
@@ -350,6 +372,8 @@ def export_ckks(
             raise CKKSExportError(f"{name}: {exc}") from exc
     planned = plan_counters(plan.steps, plan.arrays, [g // lanes for g in plan.galois_steps], params, layout,
                             params.slots // lanes)
+    if boot_info and boot_memory is not None:
+        _check_server_memory(name, planned, boot_info, len(plan.galois_steps) * galois_key_bytes(params), boot_memory)
     info = {
         "planned": planned,
         **({"bootstrap": boot_info} if boot_info else {}),

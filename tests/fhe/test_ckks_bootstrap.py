@@ -318,3 +318,11 @@ def test_a_leveled_ring_whose_keys_no_server_accepts_falls_back_to_bootstrapping
     assert prog.manifest.info["bootstrap"]["count"] >= 1
     with pytest.raises(CKKSExportError, match="rotation keys"):
         export_ckks(Residual().eval(), calibration=x, input_shape=(1, 8, 8), backend="lattigo", bootstrap="off")
+
+
+def test_a_bootstrapped_server_over_the_memory_budget_is_refused_with_its_numbers():
+    x = digits()[0][:32]
+    with pytest.raises(CKKSExportError, match=r"server would peak near .* GB of plaintexts .* bootstrapping keys "
+                                              r".* What would fit: a narrower model"):
+        export_ckks(DeepResidual().eval(), calibration=x, input_shape=(1, 8, 8), backend="lattigo",
+                    params=SMALL_RING, allow_insecure=True, bootstrap_memory=100_000_000)
