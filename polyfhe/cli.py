@@ -10,7 +10,8 @@ import sys
 from polyfhe import __version__
 
 # Registry of subcommands, in the order ``polyfhe --help`` lists them.
-COMMANDS: tuple[str, ...] = ("demo", "train", "models", "check", "calibrate", "export", "run", "serve", "client")
+COMMANDS: tuple[str, ...] = ("demo", "train", "models", "check", "calibrate", "export", "run", "serve", "client",
+                             "cost")
 
 
 def build_parser() -> argparse.ArgumentParser:
