@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import mmap
 import os
 import resource
 import statistics
@@ -156,7 +157,9 @@ def stage_server(program: Path, work: Path) -> dict:
     import polyfhe
 
     prog = polyfhe.load_program(program)
-    server = prog.server((work / "context.bin").read_bytes())
+    with open(work / "context.bin", "rb") as f:  # memory-mapped: the server's keys are its only anonymous copy
+        context = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    server = prog.server(context)
     times, counts = [], []
     for path in sorted(work.glob("query-*.bin")):
         start = time.perf_counter()
@@ -201,7 +204,6 @@ def stage_client(folder: Path, program: Path, tree_env: dict, images: int) -> di
     warm = server["server_s"][1:] or server["server_s"]
     return {"keygen_s": keygen, "context_mb": context_mb, "images": len(test), "lanes": lanes,
             "keygen_child_rss_gb": keygen_child_gb or None, "client_rss_gb": client_gb,
-            "client_plus_server_rss_gb": client_gb + server["server_rss_gb"],
             "cold_s": server["server_s"][0], "warm_s": statistics.median(warm),
             "per_image_s": statistics.median(warm) / lanes, "server_rss_gb": server["server_rss_gb"],
             "max_logit_error": float(np.max(np.abs(logits - reference))),
@@ -286,8 +288,7 @@ ROWS = [("plaintext_diagonals", "plaintext diagonals", "{:,}"), ("linear_maps", 
         ("cold_s", "cold latency per ciphertext (s)", "{:.2f}"), ("warm_s", "warm latency per ciphertext (s)", "{:.2f}"),
         ("per_image_s", "warm time per image (s)", "{:.3f}"), ("server_rss_gb", "server peak RSS (GB)", "{:.2f}"),
         ("keygen_child_rss_gb", "bootstrapping key generation peak RSS (GB)", "{:.2f}"),
-        ("client_rss_gb", "client peak RSS (GB)", "{:.2f}"),
-        ("client_plus_server_rss_gb", "client + server peak RSS (GB)", "{:.2f}"),
+        ("client_rss_gb", "client peak RSS, making the public context (GB)", "{:.2f}"),
         ("images", "images run", "{}"), ("argmax_agreement", "argmax agreement", "{:.0%}"),
         ("max_logit_error", "max logit error", "{:.1e}")]
 

@@ -9,6 +9,7 @@ one that does is refused with a message that says what to send instead.
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from dataclasses import dataclass
 
@@ -48,17 +49,23 @@ def pack(kind: bytes, header: dict, sections: dict[str, bytes | list[bytes]]) ->
     return b"".join([MAGIC, kind, struct.pack("<I", len(raw)), raw, *(c for chunks in parts.values() for c in chunks)])
 
 
-def unpack(data: bytes, expect: bytes, max_bytes: int | None = None) -> Container:
-    """Parse and validate a container of kind ``expect``; raises :class:`WireError` with the reason."""
+def unpack(data: bytes | bytearray | memoryview, expect: bytes, max_bytes: int | None = None) -> Container:
+    """Parse and validate a container of kind ``expect``; raises :class:`WireError` with the reason.
+
+    Sections are views into ``data``, never copies (a context of gigabytes, perhaps a memory-mapped file, is
+    held once); do not change ``data`` while they are in use."""
     what = KIND_NAMES[expect]
-    if not isinstance(data, (bytes, bytearray, memoryview)):
+    if not isinstance(data, (bytes, bytearray, memoryview, mmap.mmap)):
         raise WireError(f"expected bytes for a {what}, got {type(data).__name__}")
-    data = bytes(data)
+    try:
+        data = memoryview(data).cast("B")
+    except TypeError as exc:
+        raise WireError(f"a {what} must be a contiguous byte buffer: {exc}") from exc
     if max_bytes is not None and len(data) > max_bytes:
         raise WireError(f"{what} of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
-    if len(data) < len(MAGIC) + 5 or not data.startswith(MAGIC):
+    if len(data) < len(MAGIC) + 5 or bytes(data[:len(MAGIC)]) != MAGIC:
         raise WireError(f"not a polyfhe {what}: bad magic (expected bytes made by polyfhe's CKKSClient)")
-    kind = data[len(MAGIC): len(MAGIC) + 1]
+    kind = bytes(data[len(MAGIC): len(MAGIC) + 1])
     if kind != expect:
         if expect == KIND_CONTEXT and kind == KIND_SECRET:
             raise WireError("this context holds a secret key; a server accepts only client.public_context()")
@@ -68,13 +75,13 @@ def unpack(data: bytes, expect: bytes, max_bytes: int | None = None) -> Containe
     if size > MAX_HEADER or start + size > len(data):
         raise WireError(f"{what} header length {size} is invalid for {len(data)} bytes (truncated?)")
     try:
-        header = json.loads(data[start: start + size])
+        header = json.loads(bytes(data[start: start + size]))
         sections_spec = [(str(n), int(k)) for n, k in header.pop("sections")]
     except (ValueError, KeyError, TypeError) as exc:
         raise WireError(f"{what} header is not valid: {exc}") from exc
     allowed = ALLOWED_SECTIONS[expect]
     sections: dict[str, memoryview] = {}
-    view = memoryview(data)
+    view = data
     pos = start + size
     for name, length in sections_spec:
         if allowed is not None and name not in allowed:
