@@ -112,17 +112,22 @@ def test_cache_dir_follows_environment(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------------------------
 # prediction
 # ------------------------------------------------------------------------------------------------------------
-def test_predict_sums_sites_and_reencodes_past_the_store():
+def _small_workload(engine: str, encode_primes: int, **extra) -> Workload:
+    """10 rotations, 100 plaintext products and 100 encodes (at ``encode_primes`` primes) at N=8192."""
     params = CKKSParams(8192, (60, 40, 40, 60), 40, "none")
     tally = {OpSite("rotation", 8192, 3, 3): 10.0, OpSite("plain_product", 8192, 3): 100.0,
-             OpSite("encode", 8192, 3): 100.0}
+             OpSite("encode", 8192, encode_primes): 100.0}
+    return Workload(engine, "compiled", params, tally, galois_keys=5, relin=engine == "seal", plaintexts=100,
+                    plaintext_bytes=100 * 8192 * encode_primes * 8, live_ciphertexts=4, **extra)
+
+
+def test_predict_sums_sites_and_reencodes_past_the_store():
     costs = _costs("seal")
-    work = Workload("seal", "compiled", params, tally, galois_keys=5, relin=True, plaintexts=100,
-                    plaintext_bytes=100 * 8192 * 3 * 8, live_ciphertexts=4, samples=4)
+    work = _small_workload("seal", 3, samples=4)
     p = predict(work, costs, machine_bytes=None)
-    warm = costs.seconds({s: c for s, c in tally.items() if s.op != "encode"})
+    warm = costs.seconds({s: c for s, c in work.tally.items() if s.op != "encode"})
     assert p.eval_seconds == pytest.approx(warm)
-    assert p.cold_seconds == pytest.approx(costs.seconds(tally))
+    assert p.cold_seconds == pytest.approx(costs.seconds(work.tally))
     assert p.image_seconds == pytest.approx(warm / 4)
     assert p.fits
     half = predict(work, costs, machine_bytes=None, plaintext_budget=work.plaintext_bytes // 2)
@@ -300,12 +305,8 @@ def test_bootstrap_price_grows_with_slots_and_fits_its_measurements():
 
 
 def test_lattigo_encodes_are_paid_at_load_not_per_query():
-    params = CKKSParams(8192, (60, 40, 40, 60), 40, "none")
-    tally = {OpSite("rotation", 8192, 3, 3): 10.0, OpSite("plain_product", 8192, 3): 100.0,
-             OpSite("encode", 8192, 4): 100.0}
     costs = _costs("lattigo")
-    work = Workload("lattigo", "compiled", params, tally, galois_keys=5, relin=False, plaintexts=100,
-                    plaintext_bytes=100 * 8192 * 4 * 8, live_ciphertexts=4)
+    work = _small_workload("lattigo", 4)
     p = predict(work, costs, machine_bytes=None)
     assert p.cold_seconds == pytest.approx(p.eval_seconds)
     assert p.setup_seconds == pytest.approx(costs.seconds({OpSite("encode", 8192, 4): 100.0}))
