@@ -371,17 +371,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend:
         import ckks_plans
 
-        if args.model:  # the model alone, on few images (a bootstrapped one takes minutes each), no baseline
-            defaults = ["--cases", "--model", args.model, "--images", "4", "--baseline", "none"]
-        else:
-            defaults = ["--cases", "user_monet", "monet_fhe_bn", "digits_mlp"]
         given = {a.split("=")[0] for a in rest if a.startswith("--")}
-        kept, i = [], 0
-        while i < len(defaults):  # drop a default the caller gave
-            j = next((k for k in range(i + 1, len(defaults)) if defaults[k].startswith("--")), len(defaults))
-            if defaults[i] not in given or defaults[i] == "--model":
-                kept += defaults[i:j]
-            i = j
+        if args.model:  # the model alone, on few images (a bootstrapped one takes minutes each), no baseline
+            kept = ["--cases", "--model", args.model]
+            kept += [] if "--images" in given else ["--images", "4"]
+            kept += [] if "--baseline" in given else ["--baseline", "none"]
+        else:
+            kept = [] if "--cases" in given else ["--cases", "user_monet", "monet_fhe_bn", "digits_mlp"]
         return ckks_plans.main(["--backend", *args.backend, "--out", str(args.out), *kept, *rest])
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")

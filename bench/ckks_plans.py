@@ -61,13 +61,11 @@ def _fashion(n_train: int, n_test: int):
 def _checkpoint_case(spec: Path, images: int):
     """A trained checkpoint (its input normalisation folded in, as ``polyfhe export`` does: it takes images in
     [0, 1]): its model, calibration images from the training split, test images."""
-    from polyfhe.checkpoint import load_checkpoint
+    from polyfhe.checkpoint import fold_input_normalization, load_checkpoint
     from polyfhe.data.sources import load_dataset
-    from polyfhe.training.data import Normalization
 
     model, info = load_checkpoint(spec)
-    if info.extra.get("normalization") is not None:
-        model = Normalization.from_dict(info.extra["normalization"]).prepend_to(model)
+    model = fold_input_normalization(model, info)
     data = load_dataset("fashion-mnist" if tuple(model.input_shape) == (1, 28, 28) else "digits")
     return model, data.x_train[:256], data.x_test[:images]
 

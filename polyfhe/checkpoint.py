@@ -167,4 +167,17 @@ def load_checkpoint(
     return model, info
 
 
-__all__ = ["CheckpointError", "CheckpointInfo", "load_checkpoint", "read_checkpoint_info", "save_checkpoint"]
+__all__ = ["CheckpointError", "CheckpointInfo", "fold_input_normalization", "load_checkpoint", "read_checkpoint_info",
+           "save_checkpoint"]
+
+
+def fold_input_normalization(model: nn.Module, info: CheckpointInfo) -> nn.Module:
+    """``model`` taking images in [0, 1]: a run trained on (x - mean) / std gets that map as its first (constant
+    affine) layer, which exporters merge into the first linear map. Unchanged when the run recorded none."""
+    normalization = info.extra.get("normalization")
+    if normalization is None:
+        return model
+    from polyfhe.training.data import Normalization
+
+    log.info("input normalisation %s folded into the model: it takes images in [0, 1]", normalization)
+    return Normalization.from_dict(normalization).prepend_to(model)

@@ -42,7 +42,14 @@ from polyfhe.fhe.bootparams import (
     machine_memory_budget,
     max_refresh_log_slots,
 )
-from polyfhe.fhe.params import DEFAULT_MIN_SCALE_BITS, CKKSParams, ParameterError, choose_params, validate
+from polyfhe.fhe.params import (
+    DEFAULT_MIN_SCALE_BITS,
+    CKKSParams,
+    ParameterError,
+    choose_params,
+    estimated_sizes,
+    validate,
+)
 from polyfhe.fhe.program import LAYOUTS, CKKSProgram, ProgramManifest
 
 __all__ = ["CKKSExportError", "LoweringError", "export_ckks", "to_onnx_model"]
@@ -373,7 +380,8 @@ def export_ckks(
     planned = plan_counters(plan.steps, plan.arrays, [g // lanes for g in plan.galois_steps], params, layout,
                             params.slots // lanes)
     if boot_info and boot_memory is not None:
-        _check_server_memory(name, planned, boot_info, len(plan.galois_steps) * galois_key_bytes(params), boot_memory)
+        _check_server_memory(name, planned, boot_info,  # Lattigo's keys travel uncompressed
+                             estimated_sizes(params, len(plan.galois_steps))["galois_keys"], boot_memory)
     info = {
         "planned": planned,
         **({"bootstrap": boot_info} if boot_info else {}),

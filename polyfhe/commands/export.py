@@ -134,7 +134,7 @@ def resolve_model(args: argparse.Namespace) -> tuple[Any, str, bool]:
 
 def _from_checkpoint(directory: Path, expect: str | None, overrides: dict) -> tuple[Any, str, bool]:
     try:
-        from polyfhe.checkpoint import CheckpointError, load_checkpoint
+        from polyfhe.checkpoint import CheckpointError, fold_input_normalization, load_checkpoint
     except ImportError as exc:  # the checkpoint module lands with training
         raise ExportInputError(f"checkpoint folders need polyfhe.checkpoint ({exc})") from exc
     try:
@@ -148,14 +148,7 @@ def _from_checkpoint(directory: Path, expect: str | None, overrides: dict) -> tu
     if clash:
         raise ExportInputError(f"checkpoint {directory} was built with "
                                f"{ {k: built.get(k) for k in clash} }; the overrides {clash} do not fit it")
-    normalization = info.extra.get("normalization")
-    if normalization is not None:  # trained on (x - mean) / std: exported programs take images in [0, 1]
-        from polyfhe.training.data import Normalization
-
-        model = Normalization.from_dict(normalization).prepend_to(model)
-        log.info("input normalisation %s folded into the exported model: it takes images in [0, 1]",
-                 normalization)
-    return model.eval(), info.model_name, True
+    return fold_input_normalization(model, info).eval(), info.model_name, True
 
 
 def _input_shape(model: Any) -> tuple[int, ...] | None:

@@ -15,7 +15,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from polyfhe.fhe.bootparams import (
+    CIRCUIT_PRIMES,
+    COEFFS_TO_SLOTS_BITS,
     KEYGEN_PEAK_FACTOR,
+    SLOTS_TO_COEFFS_BITS,
     BootstrapSpec,
     bootstrap_key_bytes,
     machine_memory_budget,
@@ -31,6 +34,7 @@ from polyfhe.fhe.opcosts import (
     write_cached,
 )
 from polyfhe.fhe.params import CKKSParams, estimated_sizes
+from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES
 from polyfhe.fhe.workload import Workload
 
 __all__ = ["BOOTSTRAP_KEYGEN_SECONDS", "BOOTSTRAP_MEASUREMENTS", "CostPrediction", "bootstrap_key_switches",
@@ -56,10 +60,10 @@ BOOTSTRAP_MEASUREMENTS = (
 )
 BOOTSTRAP_EVALMOD_KEY_SWITCHES = 49.9  # per ciphertext EvalMod runs on
 BOOTSTRAP_ROTATION_KEY_SWITCHES = 0.0  # per BSGS rotation of CoeffsToSlots and SlotsToCoeffs (fitted: none)
-BOOTSTRAP_TRANSFORM_DEPTHS = (4, 3)  # levels of CoeffsToSlots and SlotsToCoeffs (Lattigo's defaults)
-BOOTSTRAP_CIRCUIT_PRIMES = 16
+# levels of CoeffsToSlots and SlotsToCoeffs, as the bootstrapping parameters lay them out
+BOOTSTRAP_TRANSFORM_DEPTHS = (len(COEFFS_TO_SLOTS_BITS), len(SLOTS_TO_COEFFS_BITS))
 BOOTSTRAP_KEYGEN_SECONDS = (24.0, 40.0)  # bootstrapping key generation at N=2^16, same machine (range of runs)
-SEAL_PLAINTEXT_BUDGET = 3 << 30  # the SEAL server's plaintext store (``polyfhe run --plaintext-cache-mb``)
+SEAL_PLAINTEXT_BUDGET = DEFAULT_PLAINTEXT_BYTES  # the SEAL server's plaintext store (``--plaintext-cache-mb``)
 # Server memory beyond the keys and plaintexts, measured factors (docs/ckks.md, "Memory"): Lattigo's key set is
 # copied by ctypes, by Go and unmarshalled while the server starts; its container holds every diagonal as float64
 # once in Python and once in Go. SEAL keeps the public context bytes, the client's keys and the server's.
@@ -184,7 +188,7 @@ def bootstrap_key_switches(log_slots: int, logn: int = 16) -> float:
 
 def bootstrap_site(residual_primes: int, special: int, logn: int = 16) -> OpSite:
     """A key switch at the bootstrapping modulus: residual and circuit primes, ``special`` special primes."""
-    primes = residual_primes + BOOTSTRAP_CIRCUIT_PRIMES
+    primes = residual_primes + CIRCUIT_PRIMES
     return OpSite("rotation", 1 << logn, primes, math.ceil(primes / special), special)
 
 

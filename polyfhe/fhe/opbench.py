@@ -12,7 +12,6 @@ whole run takes well under a minute per engine and up to about 2 GB on a 2-core 
 
 from __future__ import annotations
 
-import json
 import logging
 import struct
 import subprocess
@@ -152,27 +151,11 @@ def _node(name: str, op: str, level: int, config: dict | None = None, refs: dict
 def graph_container(params: CKKSParams, nodes: list[dict], edges: list[tuple[str, str]], blobs: list[bytes],
                     galois_steps: list[int], relin: bool, spec: dict | None = None) -> bytes:
     """An Orion v2 container for a hand-made graph (the layout ``lattigo_format.lower_program`` writes)."""
-    from polyfhe.fhe.backends.lattigo_format import MAGIC, galois_element, lattigo_params
+    from polyfhe.fhe.backends.lattigo_format import write_container
 
-    header = {
-        "version": 2, "params": lattigo_params(params, spec),
-        "config": {"margin": 1, "embedding_method": "hybrid", "fuse_modules": True},
-        "manifest": {"galois_elements": [galois_element(s, params.poly_modulus_degree) for s in galois_steps],
-                     "bootstrap_slots": [1 << int(spec["log_slots"])] if spec else [],
-                     "boot_logp": list(spec["logp"]) if spec else None, "needs_rlk": relin,
-                     **({"btp_logn": int(spec["logn"])} if spec else {})},
-        "input_level": params.levels,
-        "cost": {"bootstrap_count": int(spec is not None), "galois_key_count": len(galois_steps),
-                 "bootstrap_key_count": 0},
-        "graph": {"input": nodes[0]["name"], "output": nodes[-1]["name"], "nodes": nodes,
-                  "edges": [{"src": s, "dst": d} for s, d in edges]},
-        "blob_count": len(blobs),
-    }
-    raw = json.dumps(header).encode()
-    chunks = [MAGIC, struct.pack("<I", len(raw)), raw, struct.pack("<I", len(blobs))]
-    for blob in blobs:
-        chunks += [struct.pack("<Q", len(blob)), blob]
-    return b"".join(chunks)
+    return write_container(params, spec, galois_steps, relin, params.levels, int(spec is not None),
+                           (nodes[0]["name"], nodes[-1]["name"]), nodes,
+                           [{"src": s, "dst": d} for s, d in edges], blobs)
 
 
 def transform_split(ks, slots: int, log_ratio: int) -> tuple[list[int], list[int]]:

@@ -346,6 +346,18 @@ def lower_program(program, moduli: Sequence[int] | None = None) -> LattigoModel:
     counts["worst_scale_correction"] = float(f"{worst_correction:.3g}")
     galois_steps = tuple(sorted(keys))
     needs_relin = counts["products"] > 0
+    # not read by the evaluator: what the corrections were computed for, so the plain reference can replay them
+    extra = {"polyfhe": {"moduli": moduli, "scale_bits": params.scale_bits}}
+    data = write_container(params, spec, galois_steps, needs_relin, top, counts.get("bootstraps", 0),
+                           (INPUT_NODE, names[m.output]), b.nodes, b.edges, b.blobs, extra)
+    return LattigoModel(data, galois_steps, needs_relin, top, counts)
+
+
+def write_container(params, spec: dict | None, galois_steps: Sequence[int], needs_relin: bool, input_level: int,
+                    bootstraps: int, ends: tuple[str, str], nodes: list[dict], edges: list[dict],
+                    blobs: list[bytes], extra: dict | None = None) -> bytes:
+    """An Orion v2 container: JSON header (parameters, key manifest, graph from ``ends[0]`` to ``ends[1]``), then
+    the blobs, each length-prefixed. ``extra``: header keys the evaluator does not read."""
     header = {
         "version": 2, "params": lattigo_params(params, spec),
         "config": {"margin": 1, "embedding_method": "hybrid", "fuse_modules": True},
@@ -353,18 +365,17 @@ def lower_program(program, moduli: Sequence[int] | None = None) -> LattigoModel:
                      "bootstrap_slots": [1 << int(spec["log_slots"])] if spec else [],
                      "boot_logp": list(spec["logp"]) if spec else None, "needs_rlk": needs_relin,
                      **({"btp_logn": int(spec["logn"])} if spec else {})},
-        "input_level": top, "cost": {"bootstrap_count": counts.get("bootstraps", 0),
-                                     "galois_key_count": len(galois_steps), "bootstrap_key_count": 0},
-        "graph": {"input": INPUT_NODE, "output": names[m.output], "nodes": b.nodes, "edges": b.edges},
-        "blob_count": len(b.blobs),
-        # not read by the evaluator: what the corrections were computed for, so the plain reference can replay them
-        "polyfhe": {"moduli": moduli, "scale_bits": params.scale_bits},
+        "input_level": input_level, "cost": {"bootstrap_count": bootstraps, "galois_key_count": len(galois_steps),
+                                             "bootstrap_key_count": 0},
+        "graph": {"input": ends[0], "output": ends[1], "nodes": nodes, "edges": edges},
+        "blob_count": len(blobs),
+        **(extra or {}),
     }
     raw = json.dumps(header).encode()
-    chunks = [MAGIC, struct.pack("<I", len(raw)), raw, struct.pack("<I", len(b.blobs))]
-    for blob in b.blobs:
+    chunks = [MAGIC, struct.pack("<I", len(raw)), raw, struct.pack("<I", len(blobs))]
+    for blob in blobs:
         chunks += [struct.pack("<Q", len(blob)), blob]
-    return LattigoModel(b"".join(chunks), galois_steps, needs_relin, top, counts)
+    return b"".join(chunks)
 
 
 def parse_container(data: bytes) -> tuple[dict, list[bytes]]:
