@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def _int_at_least(minimum: int, what: str):
@@ -37,3 +38,18 @@ def non_negative_float(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
     return value
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=positive_int, metavar="N",
+                        help="threads per encrypted evaluation (SEAL engine); sets POLYFHE_THREADS for this command "
+                             "(default: that variable, else the CPU count)")
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """``--threads N`` as ``POLYFHE_THREADS``, the variable the evaluator reads on every run, so the flag and the
+    variable cannot disagree."""
+    from polyfhe.fhe.execute import THREADS_ENV
+
+    if getattr(args, "threads", None) is not None:
+        os.environ[THREADS_ENV] = str(args.threads)

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from polyfhe.commands.arguments import positive_int, power_of_two
+from polyfhe.commands.arguments import add_threads_argument, apply_threads, positive_int, power_of_two
+from polyfhe.commands.ckks_options import add_ckks_parameter_arguments, ckks_parameter_options
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_NOT_EXPORTABLE", "ExportInputError", "add_parser", "load_calibration",
            "read_array", "resolve_model", "run"]
@@ -76,6 +77,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--num-classes", type=positive_int, metavar="K", help="zoo models: classifier outputs")
     p.add_argument("--checkpoint", type=Path, metavar="DIR",
                    help="load trained weights for the zoo model MODEL")
+    add_ckks_parameter_arguments(p)
+    add_threads_argument(p)
     p.set_defaults(func=run)
 
 
@@ -85,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from polyfhe.export.ckks import CKKSExportError
 
     console = Console(width=140)
+    apply_threads(args)
     try:
         model, name, trained = resolve_model(args)
         shape = _input_shape(model)
@@ -271,6 +275,10 @@ def _export_ckks(console: Any, model: Any, name: str, shape: tuple[int, ...] | N
     from polyfhe.export.ckks import export_ckks
 
     kwargs = {} if isinstance(model, Path) else {"input_shape": shape}
+    try:
+        kwargs.update(ckks_parameter_options(args))
+    except ValueError as exc:
+        raise ExportInputError(str(exc)) from None
     program = export_ckks(model, calibration=calibration, layout=args.layout,
                           samples_per_ciphertext=args.samples_per_ciphertext, backend=args.backend,
                           spend_levels=args.spend_levels, bootstrap=args.bootstrap,

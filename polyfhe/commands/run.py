@@ -7,7 +7,11 @@ compiled program run on plaintext (``run_plain``). FILE is an ``.npy`` array, an
 each for the batch layout) or an image (``.png``/``.jpg``: converted to the
 program's channels and size, scaled to [0, 1]).
 
-Exit codes: 0 ran; 2 bad input (missing or unreadable program or file, wrong shape, not an image).
+``--keys KEYDIR`` restores the client's keys from a folder written by ``polyfhe client keys create --program DIR
+--out KEYDIR`` instead of making new ones; a folder made for another program is refused. A progress bar follows
+the evaluation when stderr is a terminal.
+
+Exit codes: 0 ran; 2 bad input (missing or unreadable program, file or key folder, wrong shape, not an image).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from polyfhe.commands.arguments import non_negative_float
+from polyfhe.commands.arguments import add_threads_argument, apply_threads, non_negative_float
 from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES
 from polyfhe.fhe.roundtrip import timed_round_trip
 
@@ -46,6 +50,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--plaintext-cache-mb", type=non_negative_float, default=DEFAULT_PLAINTEXT_BYTES / MIB,
                    metavar="MB", help="memory for encoded plaintext diagonals; past it the cheapest are encoded "
                                       f"again on every run (default {DEFAULT_PLAINTEXT_BYTES / MIB:g} MiB, 0: none)")
+    p.add_argument("--keys", type=Path, metavar="KEYDIR",
+                   help="restore the client's keys from this folder (`polyfhe client keys create --program DIR "
+                        "--out KEYDIR`) instead of making new ones")
+    add_threads_argument(p)
     p.set_defaults(func=run)
 
 
@@ -133,20 +141,26 @@ def read_input(path: Path, manifest: Any) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     from polyfhe.fhe.client import InputError
+    from polyfhe.fhe.keydir import KeyDir, KeyDirError
     from polyfhe.fhe.program import ProgramError, load_program
 
+    apply_threads(args)
     try:
         program = load_program(args.program)
         x = read_input(Path(args.input), program.manifest)
-    except (ProgramError, RunInputError) as exc:
+        client = None if args.keys is None else KeyDir(args.keys).load(program.manifest, f"program {args.program}")
+    except (ProgramError, RunInputError, KeyDirError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        result = encrypted_run(program, x, plaintext_cache_bytes=int(args.plaintext_cache_mb * MIB))
+        result = encrypted_run(program, x, plaintext_cache_bytes=int(args.plaintext_cache_mb * MIB), client=client,
+                               progress=True)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     result["input"] = str(args.input)
+    if args.keys is not None:
+        result["keys"]["dir"] = str(args.keys)
     if args.json:
         print(json.dumps(result))
     else:
@@ -154,14 +168,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def encrypted_run(program: Any, x: np.ndarray, plaintext_cache_bytes: int | None = None) -> dict:
+def encrypted_run(program: Any, x: np.ndarray, plaintext_cache_bytes: int | None = None, client: Any = None,
+                  progress: bool = False) -> dict:
     """Keys, encrypt, evaluate, decrypt; timings in seconds, sizes in bytes, error against ``run_plain``.
 
-    ``plaintext_cache_bytes``: budget of the program's plaintext store (``None``: the default, 3 GiB)."""
-    client = program.client()
+    ``plaintext_cache_bytes``: budget of the program's plaintext store (``None``: the default, 3 GiB).
+    ``client``: keys restored elsewhere (``None``: made here). ``progress``: bars on stderr when it is a terminal."""
+    from polyfhe.commands.progress import progress_bar
+
+    restored = client is not None
+    if client is None:
+        with progress_bar(1, "making keys", unit="key set", enabled=progress) as bar:
+            client = program.client()
+            bar.update(1)
     context = client.public_context()
     server = program.server(context, max_cache_bytes=plaintext_cache_bytes)
-    trip = timed_round_trip(client, server, x)
+    trip = _round_trip(program, client, server, x, progress)
     logits = trip.logits
     plain = program.run_plain(x)
     return {
@@ -174,7 +196,22 @@ def encrypted_run(program: Any, x: np.ndarray, plaintext_cache_bytes: int | None
         "sizes": {"public_context": len(context), "input_ciphertext": trip.input_bytes,
                   "output_ciphertext": trip.output_bytes},
         "counts": server.last_run.counts, "plaintext_cache": server.last_run.plaintext,
+        "keys": {"restored": restored},
     }
+
+
+def _round_trip(program: Any, client: Any, server: Any, x: np.ndarray, progress: bool) -> Any:
+    """:func:`timed_round_trip` with a bar over the program's steps (an engine that runs the program in one call,
+    Lattigo, fills it at the end)."""
+    from polyfhe.commands.progress import progress_bar
+    from polyfhe.fhe.execute import observe_steps
+
+    steps = len(program.manifest.steps)
+    with progress_bar(steps, "evaluating encrypted", unit="step", enabled=progress) as bar:
+        with observe_steps(lambda index, step: bar.update(1)):
+            trip = timed_round_trip(client, server, x)
+        bar.update(steps - bar.n)
+    return trip
 
 
 def _render(r: dict) -> None:
@@ -198,7 +235,8 @@ def _render(r: dict) -> None:
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
     for key, value in r["timings"].items():
-        table.add_row(f"{key.replace('_', ' ')} time", f"{value * 1000:.1f} ms")
+        label = "keys restored" if key == "keygen" and r.get("keys", {}).get("restored") else key.replace("_", " ")
+        table.add_row(f"{label} time", f"{value * 1000:.1f} ms")
     for key, value in r["sizes"].items():
         table.add_row(key.replace("_", " "), f"{value / 1e6:.3f} MB")
     console.print(table)

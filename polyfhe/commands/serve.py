@@ -16,7 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from polyfhe.commands.arguments import non_negative_float, non_negative_int, positive_int
+from polyfhe.commands.arguments import (
+    add_threads_argument,
+    apply_threads,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+)
 from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES
 
 __all__ = ["EXIT_BAD_INPUT", "add_parser", "config_from_args", "run"]
@@ -69,6 +75,7 @@ def add_parser(subparsers: Any) -> None:
                    metavar="MB", help="encoded plaintext diagonals kept per model, shared by its sessions; past it "
                                       "the cheapest are encoded again on every request "
                                       f"(default {DEFAULT_PLAINTEXT_BYTES / MIB:g} MiB, 0: none)")
+    add_threads_argument(p)
     p.add_argument("--access-log", action="store_true", help="also print uvicorn's access log (it shows session ids)")
     p.add_argument("--test-eval-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: a slow model
     p.set_defaults(func=run)
@@ -86,6 +93,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    apply_threads(args)
     try:
         import uvicorn
 

@@ -8,18 +8,24 @@ import time
 import numpy as np
 
 from polyfhe.fhe.execute import pack_single, unpack_single
-from polyfhe.fhe.params import fingerprint_params
+from polyfhe.fhe.params import CKKSParams, ParameterError, fingerprint_params
 from polyfhe.fhe.program import ProgramManifest
 from polyfhe.fhe.seal_backend import SealContext
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, WireError, pack, unpack
+from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, Container, WireError, pack, unpack
 
-__all__ = ["CKKSClient", "InputError", "check_input", "check_result", "galois_element", "identity_header"]
+__all__ = ["CKKSClient", "InputError", "KeyMismatchError", "check_input", "check_key_identity", "check_result",
+           "galois_element", "identity_header", "open_backup", "open_public_context"]
 
 log = logging.getLogger(__name__)
 
 
 class InputError(ValueError):
     """An input of the wrong shape, type or values for the program."""
+
+
+class KeyMismatchError(ValueError):
+    """Keys made for another program, other parameters or another engine, or two halves that do not belong
+    together; the message says what was expected and what was found."""
 
 
 def galois_element(step: int, poly_modulus_degree: int, generator: int = 3) -> int:
@@ -62,6 +68,43 @@ def check_input(manifest: ProgramManifest, x) -> np.ndarray:
     return arr
 
 
+def _keys_for(program_id, fingerprint, params_full, backend) -> str:
+    try:
+        params = CKKSParams.from_dict(params_full).describe() if params_full else f"parameters {fingerprint}"
+    except ParameterError:
+        params = f"parameters {fingerprint}"
+    return f"program {program_id} on {backend} ({params})"
+
+
+def check_key_identity(header: dict, manifest: ProgramManifest, what: str) -> None:
+    """Refuse keys whose header names another program, parameter set or engine than ``manifest``: keys of
+    another program would decrypt its results to noise instead of failing."""
+    found = (header.get("program_id"), header.get("params"), header.get("backend", "seal"))
+    expected = (manifest.program_id, fingerprint_params(manifest.params), manifest.backend)
+    if found != expected:
+        raise KeyMismatchError(f"{what} holds keys for {_keys_for(*found[:2], header.get('params_full'), found[2])}"
+                               f"; expected keys for {_keys_for(*expected[:2], manifest.params.to_dict(), expected[2])}")
+
+
+def open_backup(manifest: ProgramManifest, data: bytes) -> Container:
+    """A private backup (``secret_context()``) checked to be this program's; raises ``WireError`` (not a
+    backup, truncated) or :class:`KeyMismatchError`."""
+    box = unpack(data, KIND_SECRET)
+    check_key_identity(box.header, manifest, "the private backup")
+    if "secret_key" not in box.sections:
+        raise WireError("the private backup holds no secret key")
+    return box
+
+
+def open_public_context(manifest: ProgramManifest, data: bytes) -> Container:
+    """A public context checked to be this program's, with its Galois steps; raises like :func:`open_backup`."""
+    box = unpack(data, KIND_CONTEXT)
+    check_key_identity(box.header, manifest, "the public context")
+    if list(box.header.get("galois_steps", [])) != list(manifest.galois_steps):
+        raise KeyMismatchError("the public context holds Galois keys for other rotation steps than the program's")
+    return box
+
+
 def check_result(manifest: ProgramManifest, box) -> tuple[int, int]:
     """(count, samples) of a result container for this program; raises :class:`WireError`."""
     if box.header.get("program_id") != manifest.program_id:
@@ -81,32 +124,84 @@ class CKKSClient:
     """Keys for one program; ``public_context()`` is what a server gets, ``encrypt``/``decrypt`` move bytes."""
 
     def __init__(self, manifest: ProgramManifest) -> None:
-        self.manifest = manifest
-        self.seal = SealContext(manifest.params)
-        sa = self.seal.sa
+        self._begin(manifest)
         t0 = time.perf_counter()
-        keygen = sa.KeyGenerator(self.seal.context)
+        keygen = self.seal.sa.KeyGenerator(self.seal.context)
         self._secret_key = keygen.secret_key()
-        self.public_key = sa.PublicKey()
+        self.public_key = self.seal.sa.PublicKey()
         keygen.create_public_key(self.public_key)
-        self.relin_keys = sa.RelinKeys()
-        keygen.create_relin_keys(self.relin_keys)
-        self.galois_keys = None
-        if manifest.galois_steps:
-            self.galois_keys = sa.GaloisKeys()
-            n = manifest.params.poly_modulus_degree
-            elements = sorted({galois_element(step, n) for step in manifest.galois_steps})
-            keygen.create_galois_keys(elements, self.galois_keys)
+        self._make_evaluation_keys(keygen)
         self.keygen_seconds = time.perf_counter() - t0
-        self._encryptor = sa.Encryptor(self.seal.context, self.public_key)
-        self._decryptor = sa.Decryptor(self.seal.context, self._secret_key)
-        self._header = identity_header(manifest)
+        self._start()
         log.info("keys for program %s in %.2f s (%d Galois keys)", manifest.program_id, self.keygen_seconds,
                  len(manifest.galois_steps))
+
+    @classmethod
+    def load(cls, manifest: ProgramManifest, secret_context: bytes,
+             public_context: bytes | None = None) -> CKKSClient:
+        """The client whose private backup (:meth:`secret_context`) this is: it decrypts what the original
+        encrypted and what a server computed with the original's keys. With the public context saved beside the
+        backup, :meth:`public_context` returns those same bytes (a server session opened with them stays
+        valid); without it, relinearisation and Galois keys are derived again from the secret key (new bytes).
+        Raises ``WireError``/``SerializationError`` (corrupt bytes) or :class:`KeyMismatchError`."""
+        box = open_backup(manifest, secret_context)
+        if "public_key" not in box.sections:
+            raise WireError("the private backup holds no public key")
+        self = cls.__new__(cls)
+        self._begin(manifest)
+        t0 = time.perf_counter()
+        self._secret_key = self.seal.load("secret_key", box.sections["secret_key"])
+        self.public_key = self.seal.load("public_key", box.sections["public_key"])
+        if public_context is None:
+            self._make_evaluation_keys(self.seal.sa.KeyGenerator(self.seal.context, self._secret_key))
+        else:
+            context = open_public_context(manifest, public_context)
+            if bytes(context.sections.get("public_key", b"")) != bytes(box.sections["public_key"]):
+                raise KeyMismatchError("the public context was made with other keys than this private backup")
+            self._public_context = bytes(public_context)
+        self.keygen_seconds = time.perf_counter() - t0
+        self._start()
+        self._check_key_pair()
+        log.info("keys for program %s restored in %.2f s", manifest.program_id, self.keygen_seconds)
+        return self
+
+    def _begin(self, manifest: ProgramManifest) -> None:
+        self.manifest = manifest
+        self.seal = SealContext(manifest.params)
+        self._header = identity_header(manifest)
+        self._public_context: bytes | None = None  # a restored client's saved public context
+        self.relin_keys = self.galois_keys = None
+
+    def _make_evaluation_keys(self, keygen) -> None:
+        sa = self.seal.sa
+        self.relin_keys = sa.RelinKeys()
+        keygen.create_relin_keys(self.relin_keys)
+        if self.manifest.galois_steps:
+            self.galois_keys = sa.GaloisKeys()
+            n = self.manifest.params.poly_modulus_degree
+            elements = sorted({galois_element(step, n) for step in self.manifest.galois_steps})
+            keygen.create_galois_keys(elements, self.galois_keys)
+
+    def _start(self) -> None:
+        self._encryptor = self.seal.sa.Encryptor(self.seal.context, self.public_key)
+        self._decryptor = self.seal.sa.Decryptor(self.seal.context, self._secret_key)
+
+    def _check_key_pair(self) -> None:
+        """Encrypt with the public key, decrypt with the secret key: a backup whose halves were made apart would
+        otherwise decrypt every result to noise."""
+        probe = np.linspace(-1.0, 1.0, 8)
+        ct, pt = self.seal.sa.Ciphertext(), self.seal.sa.Plaintext()
+        self._encryptor.encrypt(self.seal.encode(probe, self.seal.context.first_parms_id(),
+                                                 self.manifest.params.scale), ct)
+        self._decryptor.decrypt(ct, pt)
+        if not np.allclose(self.seal.encoder.decode_double(pt)[: len(probe)], probe, atol=1e-3):
+            raise KeyMismatchError("the private backup's public key does not belong to its secret key")
 
     # ------------------------------------------------------------------------------------------------------
     def public_context(self) -> bytes:
         """Public key, relinearisation keys and exactly the Galois keys the program rotates by. No secret."""
+        if self._public_context is not None:
+            return self._public_context
         sections = {"public_key": self.seal.dump(self.public_key), "relin_keys": self.seal.dump(self.relin_keys)}
         if self.galois_keys is not None:
             sections["galois_keys"] = self.seal.dump(self.galois_keys)

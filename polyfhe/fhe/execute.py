@@ -9,9 +9,12 @@ ciphertext per tensor element with one sample per slot.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -20,9 +23,28 @@ import numpy as np
 from polyfhe.fhe.plaintexts import PlaintextKey
 from polyfhe.fhe.program import CKKSProgram, Step
 
-__all__ = ["InterleavedOps", "NumpyOps", "SlotOps", "execute", "pack_single", "run_plain", "unpack_single"]
+__all__ = ["THREADS_ENV", "InterleavedOps", "NumpyOps", "SlotOps", "default_threads", "execute", "observe_steps",
+           "pack_single", "run_plain", "unpack_single"]
 
 ZERO_ROW_WEIGHT = 2.0**-30
+log = logging.getLogger(__name__)
+
+THREADS_ENV = "POLYFHE_THREADS"  # threads per evaluation (giant steps of the single layout); default: CPU count
+
+# progress(index, step) of the evaluations this context runs, set by ``observe_steps``
+_STEP_OBSERVER: contextvars.ContextVar[Callable[[int, Step], None] | None] = contextvars.ContextVar(
+    "polyfhe_step_observer", default=None)
+
+
+@contextlib.contextmanager
+def observe_steps(callback: Callable[[int, Step], None]) -> Iterator[None]:
+    """Call ``callback(index, step)`` after each step of every evaluation run in this thread inside the block:
+    a progress bar for an evaluation whose engine server takes no callback (``polyfhe run``)."""
+    token = _STEP_OBSERVER.set(callback)
+    try:
+        yield
+    finally:
+        _STEP_OBSERVER.reset(token)
 
 
 class SlotOps(Protocol):
@@ -283,7 +305,19 @@ def _last_use(program: CKKSProgram) -> dict[int, int]:
 
 
 def default_threads() -> int:
-    return int(os.environ.get("POLYFHE_THREADS", os.cpu_count() or 1))
+    """Threads per evaluation: ``POLYFHE_THREADS`` (``--threads`` of ``polyfhe run/serve/export`` sets it), else
+    the CPU count."""
+    raw = os.environ.get(THREADS_ENV)
+    if raw is None:
+        return os.cpu_count() or 1
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        log.warning("%s=%r is not a positive thread count; using the CPU count", THREADS_ENV, raw)
+        return os.cpu_count() or 1
+    return threads
 
 
 def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: Callable | None = None,
@@ -296,6 +330,8 @@ def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: 
     regs: dict[int, Any] = {0: encrypted_input}
     last = _last_use(program)
     run = RunContext(default_threads() if threads is None else threads)
+    if progress is None:
+        progress = _STEP_OBSERVER.get()
     if observe is not None:
         observe(0, encrypted_input)
     for index, step in enumerate(manifest.steps):

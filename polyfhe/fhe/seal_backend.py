@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 import tempfile
 import threading
 from collections.abc import Callable
@@ -20,6 +21,16 @@ import numpy as np
 
 from polyfhe.fhe.params import CKKSParams
 from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES, PlaintextKey, PlaintextStore, store_with_budget
+from polyfhe.fhe.sealbytes import (
+    HEADER,
+    SealLayout,
+    SerializationError,
+    check_ciphertext,
+    check_kswitch,
+    check_secret_key,
+    expected_bytes,
+    inflate_into,
+)
 
 __all__ = ["COUNTERS", "DEFAULT_CACHE_BYTES", "SealContext", "SealOps", "SerializationError", "naf_terms",
            "require_tenseal", "rotation_key_switches"]
@@ -39,10 +50,6 @@ COUNTERS = (
 )
 
 log = logging.getLogger(__name__)
-
-
-class SerializationError(ValueError):
-    """Bytes that are not a valid SEAL object for these parameters."""
 
 
 def require_tenseal():
@@ -72,6 +79,7 @@ class SealContext:
         self.evaluator = sa.Evaluator(self.context)
         self.slots = self.encoder.slot_count()
         self.top_level = self.context.first_context_data().chain_index()
+        self.layout = _seal_layout(self.context, n)
 
     # ----------------------------------------------------------------------------------------------------
     def chain_index(self, ct) -> int:
@@ -105,22 +113,55 @@ class SealContext:
             obj.save(path)
             return _read_all(fd)
 
-    def load(self, kind: str, data: bytes):
-        """Deserialise bytes into a SEAL object of ``kind`` checked against this context."""
+    def load(self, kind: str, data, galois_elements: set[int] | frozenset[int] | None = None):
+        """Deserialise untrusted bytes into a SEAL object of ``kind`` checked against this context.
+
+        Bounded before SEAL parses anything (:mod:`polyfhe.fhe.sealbytes`): inflated by us to at most the exact
+        size the object has at these parameters, its structure walked (a Galois key set must hold exactly
+        ``galois_elements``), then loaded uncompressed. Raises :class:`SerializationError` with the reason.
+        """
         factory = {"ciphertext": self.sa.Ciphertext, "public_key": self.sa.PublicKey,
                    "relin_keys": self.sa.RelinKeys, "galois_keys": self.sa.GaloisKeys,
                    "secret_key": self.sa.SecretKey}[kind]
+        layout = self.layout
+        rows = None
+        if kind == "galois_keys":
+            if galois_elements is None:
+                raise ValueError("loading Galois keys needs the expected Galois elements")
+            rows = {(e & (2 * layout.n - 1)) >> 1 for e in galois_elements}
+        what = kind.replace("_", " ")
         obj = factory()
-        try:
-            with _memory_file() as (fd, path):
-                _write_all(fd, data)
+        with _memory_file() as (fd, path):
+            length = inflate_into(fd, data, expected_bytes(layout, kind, len(rows or ())), what)
+            if kind == "ciphertext":
+                check_ciphertext(fd, HEADER.size, length, layout)
+            elif kind == "public_key":
+                check_ciphertext(fd, HEADER.size, length, layout, key_level=True, what=what)
+            elif kind == "secret_key":
+                check_secret_key(fd, length, layout)
+            else:
+                check_kswitch(fd, length, layout, rows, what)
+            try:
                 obj.load(self.context, path)
-        except Exception as exc:
-            raise SerializationError(f"not a valid {kind.replace('_', ' ')} for {self.params.describe()}: "
-                                     f"{type(exc).__name__}: {exc}") from exc
+            except Exception as exc:
+                raise SerializationError(f"not a valid {what} for {self.params.describe()}: "
+                                         f"{type(exc).__name__}: {exc}") from exc
         if not self.sa.is_valid_for(obj, self.context):
             raise SerializationError(f"{kind} does not match {self.params.describe()}")
         return obj
+
+
+def _seal_layout(context, n: int) -> SealLayout:
+    """Each level's parms_id and prime count (top first) and the key level's, as the bytes SEAL writes."""
+    ids, primes = [], []
+    data = context.first_context_data()
+    while data is not None:
+        ids.append(struct.pack("<4Q", *data.parms_id()))
+        primes.append(len(data.parms().coeff_modulus()))
+        data = data.next_context_data()
+    key = context.key_context_data()
+    return SealLayout(n, tuple(ids), tuple(primes), struct.pack("<4Q", *key.parms_id()),
+                      len(key.parms().coeff_modulus()))
 
 
 @contextlib.contextmanager
@@ -155,12 +196,6 @@ def _read_all(fd: int) -> bytes:
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
-
-
-def _write_all(fd: int, data) -> None:
-    view, offset = memoryview(data), 0
-    while offset < len(view):
-        offset += os.pwrite(fd, view[offset:], offset)
 
 
 def naf_terms(value: int) -> list[int]:

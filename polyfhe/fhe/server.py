@@ -8,6 +8,7 @@ is validated (container, program id, parameters, SEAL's own checks) and rejected
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -96,11 +97,12 @@ class CKKSServer:
         if steps:
             if "galois_keys" not in box.sections:
                 raise WireError(f"public context lacks the {len(steps)} Galois keys this program rotates with")
-            galois = self.seal.load("galois_keys", box.sections["galois_keys"])
             n = program.params.poly_modulus_degree
-            missing = [s for s in steps if not galois.has_key(galois_element(s, n))]
-            if missing:
-                raise WireError(f"public context lacks Galois keys for rotations {missing[:8]}")
+            # exactly the program's keys: the decoder refuses a missing or an extra one before SEAL parses it
+            galois = self.seal.load("galois_keys", box.sections["galois_keys"],
+                                    galois_elements={galois_element(s, n) for s in steps})
+        elif "galois_keys" in box.sections:
+            raise WireError("public context holds Galois keys; this program rotates by nothing")
         self.context_bytes = len(public_context)
         cache = plaintext_cache if plaintext_cache is not None else program.shared.plaintexts
         self._ops = SealOps(self.seal, relin, galois, cache, max_cache_bytes)
@@ -115,8 +117,11 @@ class CKKSServer:
         for ct in cts:
             if list(ct.parms_id()) != list(top) or ct.size() != 2:
                 raise WireError("input ciphertexts must be fresh (top level, two components)")
-            if abs(ct.scale / m.params.scale - 1.0) > 1e-6:
+            if not math.isfinite(ct.scale) or abs(ct.scale / m.params.scale - 1.0) > 1e-6:
                 raise WireError(f"input ciphertext scale {ct.scale:.6g} != program scale 2^{m.params.scale_bits}")
+            if ct.is_transparent():
+                raise WireError("input ciphertext is transparent (its second component is zero): it encrypts "
+                                "nothing; encrypt with the client's public key")
         return cts, samples
 
     def run(self, data: bytes) -> bytes:

@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from polyfhe.fhe.backends import decoded_context_bytes
 from polyfhe.fhe.seal_backend import SerializationError
 from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError
 from polyfhe.serve.bodies import declared_length, read_body
@@ -205,11 +206,13 @@ def create_app(config: ServeConfig, registry: Registry | None = None) -> FastAPI
             grow = None if declared is not None else (lambda n: state.sessions.grow(reservation, n))
             body = await read_body(request, "public context", config.max_context_bytes, until, grow)
             check_upload(body, KIND_CONTEXT, entry.program)
+            key_bytes = decoded_context_bytes(entry.program, len(body))
+            state.sessions.grow(reservation, key_bytes)  # the budget counts keys as they sit in memory
             t0 = time.perf_counter()
             server = await state.pool.run(_load_context, config, entry, body, deadline=until,
                                           what="loading the public context")
             load_s = time.perf_counter() - t0
-            session = state.sessions.add(reservation, entry.name, server, len(body))
+            session = state.sessions.add(reservation, entry.name, server, key_bytes)
         finally:
             state.sessions.release(reservation)
         entry.observed_context_bytes = len(body)

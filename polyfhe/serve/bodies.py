@@ -35,20 +35,28 @@ def declared_length(request: Request, what: str, limit: int) -> int | None:
 
 
 async def read_body(request: Request, what: str, limit: int, deadline: float,
-                    on_progress: Callable[[int], None] | None = None) -> bytes:
-    """The whole body, at most ``limit`` bytes; ``on_progress(total)`` may refuse it (e.g. 507) midway."""
+                    on_progress: Callable[[int], None] | None = None) -> bytearray:
+    """The whole body, at most ``limit`` bytes; ``on_progress(total)`` may refuse it (e.g. 507) midway.
+
+    One buffer, grown as the chunks arrive (large buffers grow in place by remapping, not copying): a gigabyte
+    context is held once, never as chunks plus their join. Never sized from the declared length up front, which
+    would let a header alone claim memory."""
     declared = declared_length(request, what, limit)
-    chunks: list[bytes] = []
+    body = bytearray()
     total = 0
     try:
         async with asyncio.timeout_at(deadline):
             async for chunk in request.stream():
-                total += len(chunk)
-                if total > limit:
+                end = total + len(chunk)
+                if end > limit:
                     raise _too_large(what, f"more than {limit}", limit)
+                if declared is not None and end > declared:
+                    raise ApiError(400, "body_longer_than_declared", f"the {what} runs past its declared "
+                                   f"Content-Length of {declared} bytes")
                 if on_progress is not None:
-                    on_progress(total)
-                chunks.append(chunk)
+                    on_progress(end)
+                body += chunk
+                total = end
     except TimeoutError:
         raise ApiError(408, "upload_timeout", f"the {what} did not arrive within the server's request "
                        "timeout") from None
@@ -59,4 +67,4 @@ async def read_body(request: Request, what: str, limit: int, deadline: float,
     if total == 0:
         raise ApiError(400, "empty_body", f"the request has no body; send the {what} as raw bytes "
                        "(Content-Type: application/octet-stream)")
-    return b"".join(chunks)
+    return body

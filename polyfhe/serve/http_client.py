@@ -4,6 +4,9 @@
         result = session.infer(x)          # encrypt -> POST -> decrypt; result.label, result.logits
         results = session.infer_many(xs)   # as many samples per request as one ciphertext interleaves
 
+``keyed_session`` keeps a session across processes: a client restored from a key folder resumes the session
+its keys opened while the server still holds it, and uploads the same public context again only when not.
+
 The client makes its keys from the model's manifest (``GET /v1/models/NAME/manifest``) and refuses a
 manifest whose CKKS parameters are below 128-bit security, since a server could otherwise weaken them.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -29,6 +33,9 @@ log = logging.getLogger(__name__)
 OCTETS = {"Content-Type": "application/octet-stream"}
 KEEPALIVE_S = 4.0
 STREAM_CHUNK = 256 << 10
+SESSION_GONE = ("unknown_session", "session_expired")  # the server no longer holds the session's keys
+
+Progress = Callable[[int, int], None]  # (bytes sent so far, bytes in all) while a large body uploads
 
 
 class ServeError(RuntimeError):
@@ -62,14 +69,21 @@ def softmax_confidence(logits: np.ndarray) -> tuple[int, float]:
     return label, float(p[label] / p.sum())
 
 
-def _streamed(kwargs: dict) -> dict:
+def _chunks(content: bytes, progress: Progress | None):
+    view = memoryview(content)
+    for i in range(0, len(content), STREAM_CHUNK):
+        yield bytes(view[i: i + STREAM_CHUNK])
+        if progress is not None:
+            progress(min(i + STREAM_CHUNK, len(content)), len(content))
+
+
+def _streamed(kwargs: dict, progress: Progress | None = None) -> dict:
     """Large bodies as 256 KiB chunks with a Content-Length: httpx sends one big ``bytes`` body with a copy
     of the remainder per socket write (measured: 90 s for 1 GB on loopback, 8 s in chunks)."""
     content = kwargs.get("content")
     if not isinstance(content, bytes) or len(content) <= STREAM_CHUNK:
         return kwargs
-    view = memoryview(content)
-    chunks = (bytes(view[i: i + STREAM_CHUNK]) for i in range(0, len(content), STREAM_CHUNK))
+    chunks = _chunks(content, progress)
     headers = {**kwargs.get("headers", {}), "Content-Length": str(len(content))}
     return {**kwargs, "content": chunks, "headers": headers}
 
@@ -105,11 +119,12 @@ class ServeClient:
     def close(self) -> None:
         self._http.close()
 
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """One request with 503 retries; :class:`ServeError` for any refusal or connection failure."""
+    def request(self, method: str, path: str, progress: Progress | None = None, **kwargs: Any) -> httpx.Response:
+        """One request with 503 retries; :class:`ServeError` for any refusal or connection failure.
+        ``progress(sent, total)`` follows a large body's upload."""
         attempt = 0
         while True:
-            response = self._send(method, path, kwargs)
+            response = self._send(method, path, kwargs, progress)
             if response.status_code == 503 and attempt < self.retries:
                 attempt += 1
                 wait = min(30.0, float(response.headers.get("Retry-After", "1") or 1))
@@ -120,15 +135,15 @@ class ServeClient:
                 raise _refusal(response)
             return response
 
-    def _send(self, method: str, path: str, kwargs: dict) -> httpx.Response:
+    def _send(self, method: str, path: str, kwargs: dict, progress: Progress | None = None) -> httpx.Response:
         try:
             try:
-                return self._http.request(method, path, **_streamed(kwargs))
+                return self._http.request(method, path, **_streamed(kwargs, progress))
             except httpx.RemoteProtocolError:
                 # A kept-alive connection the server closed just before our request: it never reached the
                 # application, so sending it once more on a fresh connection is safe.
                 log.info("%s %s: connection closed before a response; sending once more", method, path)
-                return self._http.request(method, path, **_streamed(kwargs))
+                return self._http.request(method, path, **_streamed(kwargs, progress))
         except httpx.HTTPError as exc:
             raise ServeError(0, "unreachable", f"{method} {self.url}{path} failed: {exc}") from exc
 
@@ -149,7 +164,8 @@ class ServeClient:
                              "128-bit security; refusing to make keys for it")
         return manifest
 
-    def open_session(self, model: str, keys: Any = None, allow_insecure: bool = False) -> RemoteSession:
+    def open_session(self, model: str, keys: Any = None, allow_insecure: bool = False,
+                     progress: Progress | None = None) -> RemoteSession:
         """Make keys (or use ``keys``, a client for this model) and upload the public context once."""
         from polyfhe.fhe.backends import client_for
 
@@ -158,10 +174,29 @@ class ServeClient:
         context = keys.public_context()
         t0 = time.perf_counter()
         info = self.request("POST", "/v1/sessions", params={"model": model}, content=context,
-                            headers=OCTETS).json()
+                            headers=OCTETS, progress=progress).json()
         upload_s = time.perf_counter() - t0
         log.info("session for model %s opened: %d bytes of public keys in %.2f s", model, len(context), upload_s)
         return RemoteSession(self, str(info["session_id"]), model, keys, len(context), upload_s, info)
+
+    def keyed_session(self, model: str, keys: Any, session_id: str | None = None,
+                      on_open: Callable[[str], None] | None = None, progress: Progress | None = None) -> RemoteSession:
+        """A session that outlives this process, for keys restored from a key folder: ``session_id`` (the one
+        these keys opened before) is used while the server holds it; otherwise (none given, or the server answers
+        404/410 for it) ``keys.public_context()`` is uploaded once and ``on_open(new_id)`` records the new session.
+        Closing it leaves it on the server, where it expires after its TTL."""
+        def reopen() -> RemoteSession:
+            fresh = self.open_session(model, keys, progress=progress)
+            if on_open is not None:
+                on_open(fresh.id)
+            return fresh
+
+        if session_id is None:
+            session = reopen()
+            session.keep = True
+            return session
+        return RemoteSession(self, session_id, model, keys, 0, 0.0, {"resumed": True}, keep=True, reopen=reopen,
+                             uploads=0)
 
 
 @dataclass
@@ -176,6 +211,9 @@ class RemoteSession:
     upload_seconds: float
     info: dict = field(default_factory=dict)
     closed: bool = False
+    keep: bool = False  # close() leaves the session on the server (a key folder resumes it later)
+    reopen: Callable[[], RemoteSession] | None = None  # the server forgot the session: open a new one, once
+    uploads: int = 1  # public contexts this object uploaded (0: a resumed session still held by the server)
 
     def __enter__(self) -> Self:
         return self
@@ -211,7 +249,7 @@ class RemoteSession:
         t0 = time.perf_counter()
         query = self.keys.encrypt(x)
         t1 = time.perf_counter()
-        response = self.api.request("POST", f"/v1/sessions/{self.id}/infer", content=query, headers=OCTETS)
+        response = self._post(query)
         t2 = time.perf_counter()
         logits = self.keys.decrypt(response.content)
         t3 = time.perf_counter()
@@ -221,11 +259,29 @@ class RemoteSession:
         return [InferResult(row, *softmax_confidence(row), timings, len(query), len(response.content), len(logits))
                 for row in logits]
 
+    def _post(self, query: bytes) -> httpx.Response:
+        """The infer request; a resumed session the server no longer holds is opened again (one upload) and the
+        same ciphertext sent once more."""
+        try:
+            return self.api.request("POST", f"/v1/sessions/{self.id}/infer", content=query, headers=OCTETS)
+        except ServeError as exc:
+            if exc.code not in SESSION_GONE or self.reopen is None:
+                raise
+            log.info("the server no longer holds session %s (%s); uploading the public context again",
+                     self.id[:8], exc.code)
+        fresh, self.reopen = self.reopen(), None
+        self.id, self.context_bytes, self.upload_seconds, self.info = (fresh.id, fresh.context_bytes,
+                                                                       fresh.upload_seconds, fresh.info)
+        self.uploads += 1
+        return self.api.request("POST", f"/v1/sessions/{self.id}/infer", content=query, headers=OCTETS)
+
     def close(self) -> None:
-        """Delete the session on the server (frees its keys there); safe to call twice."""
+        """Delete the session on the server (frees its keys there), unless ``keep``; safe to call twice."""
         if self.closed:
             return
         self.closed = True
+        if self.keep:
+            return
         try:
             self.api.request("DELETE", f"/v1/sessions/{self.id}")
         except ServeError as exc:

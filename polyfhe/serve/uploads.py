@@ -24,7 +24,7 @@ def check_upload(data: bytes, expect: bytes, program: CKKSProgram) -> dict:
     if len(data) < start or not data.startswith(MAGIC):
         raise ApiError(400, "not_polyfhe_bytes", f"the body is not a polyfhe {what} (bad magic); send the bytes "
                        f"of {'client.public_context()' if expect == KIND_CONTEXT else 'client.encrypt(x)'}")
-    kind = data[len(MAGIC): len(MAGIC) + 1]
+    kind = bytes(data[len(MAGIC): len(MAGIC) + 1])
     if expect == KIND_CONTEXT and kind == KIND_SECRET:
         raise ApiError(400, "secret_key_refused", "this context holds a secret key: the server accepts only "
                        "public contexts (client.public_context()); keep the secret key on the client")

@@ -125,7 +125,7 @@ def test_contexts_cross_engines_are_refused(programs):
     with pytest.raises(WireError, match="backend"):
         lattigo.server(relabelled)
     garbage = pack(KIND_CONTEXT, box.header, {"evaluation_keys": b"\x01" * 1000})
-    with pytest.raises(WireError, match="not valid Lattigo keys"):
+    with pytest.raises(WireError, match="evaluation keys of 1000 bytes; this program.s 11 Galois key"):
         lattigo.server(garbage)
     _, _, x, _ = digits()
     server = lattigo.server(context)
@@ -201,3 +201,37 @@ def test_the_command_restarts_once_with_gos_collector_settings(given, expected):
             "restart_with_go_env(); print(os.environ['GOGC'])")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == (["start", "start", expected] if given is None else ["start", expected])
+
+
+def test_lattigo_key_set_is_walked_before_go_reads_it(programs):
+    """Every length field of the uploaded key set is checked against the parameters, and the Galois keys must be
+    exactly the manifest's: Go would otherwise trust a corrupted count."""
+    import struct
+
+    from polyfhe.fhe.backends.lattigo_format import lattigo_params
+    from polyfhe.fhe.backends.lattigo_keys import KeyShape
+
+    prog = programs["lattigo"]
+    box = unpack(prog.client().public_context(), KIND_CONTEXT)
+    keys = bytes(box.sections["evaluation_keys"])
+    shape = KeyShape.from_lattigo_params(lattigo_params(prog.params))
+
+    def context(data: bytes) -> bytes:
+        return pack(KIND_CONTEXT, box.header, {**box.sections, "evaluation_keys": data})
+
+    count_at = 1 + shape.key_bytes + 1
+    (count,) = struct.unpack_from("<I", keys, count_at)
+    assert count == len(prog.manifest.galois_steps)
+    one_less = bytearray(keys[: len(keys) - 8 - shape.galois_key_bytes])
+    struct.pack_into("<I", one_less, count_at, count - 1)
+    with pytest.raises(WireError, match=f"this program's {count} Galois key"):
+        prog.server(context(bytes(one_less)))
+    corrupt = bytearray(keys)
+    struct.pack_into("<Q", corrupt, 1 + 8 * 4, 1 << 40)  # the relin key's first Q prime count
+    with pytest.raises(WireError, match="the Q prime count is 1099511627776"):
+        prog.server(context(bytes(corrupt)))
+    renamed = bytearray(keys)
+    first_element = count_at + 4
+    struct.pack_into("<Q", renamed, first_element, struct.unpack_from("<Q", keys, first_element)[0] + 2)
+    with pytest.raises(WireError, match="a Galois element"):
+        prog.server(context(bytes(renamed)))

@@ -14,7 +14,8 @@ import importlib
 
 from polyfhe.fhe.backends.base import Backend, BackendUnavailable, KeySetTooLarge
 
-__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "KeySetTooLarge", "client_for", "get_backend", "list_backends"]
+__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "KeySetTooLarge", "client_for", "get_backend",
+           "list_backends", "restore_client"]
 
 # name -> module defining ``BACKEND``; imported on first use so a missing engine only fails when it is asked for
 _MODULES = {"seal": "polyfhe.fhe.backends.seal", "lattigo": "polyfhe.fhe.backends.lattigo"}
@@ -37,5 +38,22 @@ def client_for(manifest, **kwargs):
     return get_backend(manifest.backend).client(manifest, **kwargs)
 
 
+def restore_client(manifest, secret_context: bytes, public_context: bytes | None = None):
+    """The key holder restored from its private backup (``client.secret_context()``) and, when given, the public
+    context saved with it (``public_context()`` then returns those bytes), from the engine the manifest names."""
+    engine = get_backend(manifest.backend)
+    restore = engine.restore or getattr(engine.client, "load", None)
+    if restore is None:
+        raise ValueError(f"backend {manifest.backend!r} cannot restore a client from its private backup")
+    return restore(manifest, secret_context, public_context)
+
+
 def list_backends() -> list[str]:
     return list(BACKEND_NAMES)
+
+
+def decoded_context_bytes(program, upload: int) -> int:
+    """Bytes a valid public context of ``upload`` bytes for ``program`` holds once its engine decodes it: what a
+    server's key budget counts (SEAL's keys travel compressed; the decoder refuses any that inflate further)."""
+    measure = get_backend(program.manifest.backend).decoded_context_bytes
+    return upload if measure is None else measure(program, upload)

@@ -25,6 +25,7 @@ class ClientProtocol(Protocol):
     keygen_seconds: float
 
     def public_context(self) -> bytes: ...  # what a server gets: public, relinearisation and Galois keys
+    def secret_context(self) -> bytes: ...  # the private backup (secret key): stays with the client
     def encrypt(self, x) -> bytes: ...  # one sample or a batch -> a ciphertext container
     def decrypt(self, data: bytes) -> Any: ...  # a result container -> (samples, output_size) logits
 
@@ -52,6 +53,8 @@ class Backend:
     ``prepare`` (Lattigo) gets the plan without a budget, and no composed-rotation fallback.
     ``bootstraps``: the engine runs a program's ``bootstrap`` steps, so a circuit deeper than any leveled ring
     can be exported for it (``export/ckks/bootstrap.py``).
+    ``restore(manifest, secret_context, public_context=None)``: the client again from its private backup
+    (``client.secret_context()``, and the public context saved with it); ``None``: the client class's ``load``.
     """
 
     name: str
@@ -63,3 +66,7 @@ class Backend:
     server: Callable[..., ServerProtocol]
     composes_rotations: bool = True
     bootstraps: bool = False
+    restore: Callable[..., ClientProtocol] | None = None
+    # bytes a valid public context of ``upload`` bytes takes once decoded (compressed keys inflate): what a
+    # server's key budget must count; ``None``: the upload size (the engine's keys travel uncompressed)
+    decoded_context_bytes: Callable[[Any, int], int] | None = None

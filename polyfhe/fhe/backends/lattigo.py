@@ -33,8 +33,16 @@ from polyfhe.fhe.backends.lattigo_format import (
     lower_program,
     secret_weight,
 )
+from polyfhe.fhe.backends.lattigo_keys import KeyShape, check_evaluation_keys
 from polyfhe.fhe.bootparams import BootstrapSpec, bootstrap_key_bytes, check_bootstrap_security
-from polyfhe.fhe.client import InputError, check_input, check_result, identity_header
+from polyfhe.fhe.client import (
+    InputError,
+    check_input,
+    check_result,
+    identity_header,
+    open_backup,
+    open_public_context,
+)
 from polyfhe.fhe.execute import pack_single, unpack_single
 from polyfhe.fhe.params import MAX_BITS_128, ParameterError, estimated_sizes
 from polyfhe.fhe.server import (
@@ -198,19 +206,59 @@ def _marshalled(key) -> bytes:
 class LattigoClient:
     """Keys for one program on Lattigo: the secret key stays in this process (in Go memory)."""
 
-    def __init__(self, manifest) -> None:
+    def __init__(self, manifest, *, _secret: bytes | None = None, _public_context: bytes | None = None) -> None:
+        """``_secret``, ``_public_context``: what :meth:`load` restores (a marshalled secret key; the public
+        context packed with it, kept as is)."""
         if manifest.backend != NAME:
             raise ValueError(f"program {manifest.program_id} was exported for backend {manifest.backend!r}")
         ckks, rlwe = _client_lib()
         spec = bootstrap_spec(manifest)
         check_security(manifest.params, spec)
         self.manifest = manifest
+        self._rlwe = rlwe
+        self._header = {**identity_header(manifest), "backend": NAME}
         t0 = time.perf_counter()
         self._lattigo_params = lattigo_params(manifest.params, spec)
         self._params = ckks.Parameters.from_dict(self._lattigo_params)
         keygen = rlwe.KeyGenerator(self._params)
-        self._secret_key = keygen.gen_secret_key()
+        self._secret_key = keygen.gen_secret_key() if _secret is None else self._unmarshal_secret(_secret)
         public_key = keygen.gen_public_key(self._secret_key)
+        if _public_context is None:
+            # packed once and kept as the only copy: the key set is gigabytes at N=16384
+            self._public_context = self._pack_public_context(keygen, spec)
+        else:
+            keygen.close()
+            self._public_context = _public_context
+        self.keygen_seconds = time.perf_counter() - t0
+        self._encoder = ckks.Encoder(self._params)
+        self._encryptor = rlwe.Encryptor(self._params, public_key)
+        self._decryptor = rlwe.Decryptor(self._params, self._secret_key)
+        log.info("Lattigo keys for program %s %s in %.2f s (%d Galois keys, %.0f MB)", manifest.program_id,
+                 "made" if _secret is None else "restored", self.keygen_seconds, len(manifest.galois_steps),
+                 len(self._public_context) / 1e6)
+
+    @classmethod
+    def load(cls, manifest, secret_context: bytes, public_context: bytes | None = None) -> LattigoClient:
+        """The client whose private backup (:meth:`secret_context`) this is. With the public context saved beside
+        it, :meth:`public_context` returns those same bytes (a server session opened with them stays valid);
+        without it the evaluation keys are made again from the secret key. Raises ``WireError`` or
+        ``KeyMismatchError`` (keys of another program, parameters or engine)."""
+        box = open_backup(manifest, secret_context)
+        if public_context is not None:
+            open_public_context(manifest, public_context)
+            public_context = bytes(public_context)
+        return cls(manifest, _secret=bytes(box.sections["secret_key"]), _public_context=public_context)
+
+    def _unmarshal_secret(self, data: bytes):
+        try:
+            return self._rlwe.SecretKey.unmarshal_binary(data)
+        except Exception as exc:  # the wheel raises its own error types from Go
+            raise WireError(f"the private backup's secret key is not a Lattigo secret key: {exc}") from exc
+
+    def _pack_public_context(self, keygen, spec: dict | None) -> bytes:
+        """Relinearisation and Galois keys (and bootstrapping keys) packed as the public context; closes
+        ``keygen`` before the bootstrapping keys are made."""
+        manifest = self.manifest
         n = manifest.params.poly_modulus_degree
         relin = None
         if manifest.info.get(NAME, {}).get("needs_relin", True):
@@ -221,21 +269,11 @@ class LattigoClient:
             galois[element] = _marshalled(keygen.gen_galois_key(self._secret_key, element))
         keygen.close()
         sections = {"evaluation_keys": evaluation_key_set(relin, galois)}
+        del relin, galois
         if spec:
             sections["bootstrap_keys"] = [self._bootstrap_keys(spec)]
-        self.keygen_seconds = time.perf_counter() - t0
-        self._encoder = ckks.Encoder(self._params)
-        self._encryptor = rlwe.Encryptor(self._params, public_key)
-        self._decryptor = rlwe.Decryptor(self._params, self._secret_key)
-        self._rlwe = rlwe
-        self._header = {**identity_header(manifest), "backend": NAME}
-        # packed once and kept as the only copy: the key set is gigabytes at N=16384
-        self._public_context = pack(KIND_CONTEXT, {**self._header, "params_full": manifest.params.to_dict(),
-                                                   "galois_steps": list(manifest.galois_steps)},
-                                    sections)
-        del relin, galois, sections
-        log.info("Lattigo keys for program %s in %.2f s (%d Galois keys, %.0f MB)", manifest.program_id,
-                 self.keygen_seconds, len(manifest.galois_steps), len(self._public_context) / 1e6)
+        return pack(KIND_CONTEXT, {**self._header, "params_full": manifest.params.to_dict(),
+                                   "galois_steps": list(manifest.galois_steps)}, sections)
 
     def _bootstrap_keys(self, spec: dict) -> bytes:
         """Lattigo's bootstrapping evaluation keys (their own relinearisation, Galois and encapsulation keys on the
@@ -337,6 +375,10 @@ class LattigoServer:
         if spec and "bootstrap_keys" not in box.sections:
             raise WireError(f"program {program.program_id} bootstraps, and this public context holds no "
                             "bootstrapping keys (make keys with this program's client)")
+        n = program.params.poly_modulus_degree
+        check_evaluation_keys(box.sections["evaluation_keys"], KeyShape.from_lattigo_params(params),
+                              {galois_element(s, n) for s in program.manifest.galois_steps},
+                              self._lowered.needs_relin)
         try:
             self._evaluator = _new_evaluator(evaluator, params, box.sections["evaluation_keys"],
                                              box.sections.get("bootstrap_keys") if spec else None)

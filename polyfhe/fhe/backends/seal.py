@@ -24,6 +24,22 @@ def _client(manifest, **kwargs):
     return CKKSClient(manifest, **kwargs)
 
 
+def _restore(manifest, secret_context: bytes, public_context: bytes | None = None):
+    from polyfhe.fhe.client import CKKSClient
+
+    return CKKSClient.load(manifest, secret_context, public_context)
+
+
+def _decoded_context_bytes(program, upload: int) -> int:
+    """The keys' size once inflated: exact, since the server refuses anything that inflates further."""
+    from polyfhe.fhe.client import galois_element
+    from polyfhe.fhe.sealbytes import decoded_context_bytes
+
+    n = program.params.poly_modulus_degree
+    elements = {galois_element(step, n) for step in program.manifest.galois_steps}
+    return max(upload, decoded_context_bytes(n, len(program.params.coeff_mod_bits), len(elements)))
+
+
 def _server(program, public_context: bytes, **kwargs):
     from polyfhe.fhe.server import CKKSServer
 
@@ -31,4 +47,4 @@ def _server(program, public_context: bytes, **kwargs):
 
 
 BACKEND = Backend("seal", "Microsoft SEAL 4.x through TenSEAL's sealapi", ("single", "batch"), _available, _prepare,
-                  _client, _server)
+                  _client, _server, restore=_restore, decoded_context_bytes=_decoded_context_bytes)
