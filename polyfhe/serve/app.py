@@ -238,6 +238,14 @@ def create_app(config: ServeConfig, registry: Registry | None = None) -> FastAPI
                  len(body), len(out))
         return Response(out, media_type=OCTETS, headers={"X-Polyfhe-Server-Seconds": f"{seconds:.6f}"})
 
+    @app.get("/v1/sessions/{session_id}")
+    async def session_info(session_id: str) -> dict:
+        """Whether the server still holds a session (404/410 if not), so a client with saved keys can resume it
+        without sending a ciphertext first; restarts its idle clock."""
+        session = state.sessions.touch(session_id)
+        return {"session_id": session.id, "model": session.model, "program_id": session.server.program.program_id,
+                "ttl_s": config.session_ttl_s, "requests": session.requests, "key_bytes": session.key_bytes}
+
     @app.delete("/v1/sessions/{session_id}")
     async def delete_session(session_id: str) -> dict:
         session = state.sessions.delete(session_id)

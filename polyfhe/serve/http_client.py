@@ -191,12 +191,23 @@ class ServeClient:
                 on_open(fresh.id)
             return fresh
 
-        if session_id is None:
+        if session_id is None or not self._session_alive(session_id, keys):
             session = reopen()
             session.keep = True
             return session
         return RemoteSession(self, session_id, model, keys, 0, 0.0, {"resumed": True}, keep=True, reopen=reopen,
                              uploads=0)
+
+
+    def _session_alive(self, session_id: str, keys: Any) -> bool:
+        """Whether the server still holds ``session_id`` for these keys' program (GET /v1/sessions/ID)."""
+        try:
+            info = self.request("GET", f"/v1/sessions/{session_id}").json()
+        except ServeError as exc:
+            if exc.status in (404, 410):
+                return False
+            raise
+        return info.get("program_id") == keys.manifest.program_id
 
 
 @dataclass

@@ -154,6 +154,16 @@ class SessionStore:
             session.last_used = self._clock()
             return session
 
+    def touch(self, session_id: str) -> Session:
+        """The live session, its idle clock restarted (a client about to use it); 410/404 as :meth:`acquire`."""
+        with self._lock:
+            self._sweep_locked()
+            session = self._sessions.get(session_id)
+            if session is None:
+                raise self._missing(session_id)
+            session.last_used = self._clock()
+            return session
+
     def done(self, session: Session) -> None:
         with self._lock:
             session.busy -= 1

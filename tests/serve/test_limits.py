@@ -50,7 +50,10 @@ def test_key_budget_gives_507_and_frees_on_delete(budget_server, programs, tiny_
         sid = first.json()["session_id"]
         answer = http.post(f"/v1/sessions/{sid}/infer", content=keys.encrypt(x[0]), headers=OCTETS)
         np.testing.assert_allclose(keys.decrypt(answer.content)[0], plain[0], atol=1e-3)
+        info = http.get(f"/v1/sessions/{sid}").json()  # a saved-keys client checks before it resumes
+        assert (info["program_id"], info["key_bytes"], info["requests"]) == (programs[TINY].program_id, held, 1)
         assert http.delete(f"/v1/sessions/{sid}").json()["freed_key_bytes"] == held
+        assert _error(http.get(f"/v1/sessions/{sid}")) == (404, "unknown_session")
         second = _open(http, ctx)
         assert second.status_code == 201
         assert 'polyfhe_key_bytes ' in http.get("/metrics").text
@@ -69,6 +72,7 @@ def test_session_limit_503_then_expiry_410(ttl_server, tiny_keys, samples):
         time.sleep(3.6)
         expired = http.post(f"/v1/sessions/{sid}/infer", content=keys.encrypt(x[0]), headers=OCTETS)
         assert _error(expired) == (410, "session_expired") and "POST /v1/sessions" in expired.json()["detail"]
+        assert _error(http.get(f"/v1/sessions/{sid}")) == (410, "session_expired")
         # the expired session freed its slot
         again = _open(http, ctx)
         assert again.status_code == 201
