@@ -142,27 +142,27 @@ class SessionStore:
         return session
 
     # ---------------------------------------------------------------------------------------- use
+    def _live_locked(self, session_id: str) -> Session:
+        """The live session, its idle clock restarted; 410 if it expired, 404 if never known."""
+        self._sweep_locked()
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise self._missing(session_id)
+        session.last_used = self._clock()
+        return session
+
     def acquire(self, session_id: str) -> Session:
         """The live session, marked busy until :meth:`done`; 410 if it expired, 404 if never known."""
         with self._lock:
-            self._sweep_locked()
-            session = self._sessions.get(session_id)
-            if session is None:
-                raise self._missing(session_id)
+            session = self._live_locked(session_id)
             session.busy += 1
             session.requests += 1
-            session.last_used = self._clock()
             return session
 
     def touch(self, session_id: str) -> Session:
         """The live session, its idle clock restarted (a client about to use it); 410/404 as :meth:`acquire`."""
         with self._lock:
-            self._sweep_locked()
-            session = self._sessions.get(session_id)
-            if session is None:
-                raise self._missing(session_id)
-            session.last_used = self._clock()
-            return session
+            return self._live_locked(session_id)
 
     def done(self, session: Session) -> None:
         with self._lock:

@@ -12,7 +12,7 @@ from polyfhe.fhe.backends.lattigo import check_security
 from polyfhe.fhe.backends.lattigo_format import bsgs_rotations, galois_element, parse_container
 from polyfhe.fhe.params import CKKSParams, ParameterError
 from polyfhe.fhe.program import load_program
-from polyfhe.fhe.wire import KIND_CONTEXT, WireError, pack, unpack
+from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
 
 pytestmark = pytest.mark.fhe
 
@@ -208,8 +208,8 @@ def test_lattigo_key_set_is_walked_before_go_reads_it(programs):
     exactly the manifest's: Go would otherwise trust a corrupted count."""
     import struct
 
+    from polyfhe.fhe.backends.lattigo_bytes import KeyShape
     from polyfhe.fhe.backends.lattigo_format import lattigo_params
-    from polyfhe.fhe.backends.lattigo_keys import KeyShape
 
     prog = programs["lattigo"]
     box = unpack(prog.client().public_context(), KIND_CONTEXT)
@@ -235,3 +235,24 @@ def test_lattigo_key_set_is_walked_before_go_reads_it(programs):
     struct.pack_into("<Q", renamed, first_element, struct.unpack_from("<Q", keys, first_element)[0] + 2)
     with pytest.raises(WireError, match="a Galois element"):
         prog.server(context(bytes(renamed)))
+
+
+@pytest.mark.parametrize("field, value", [(0, 1 << 33), (1, 1 << 62), (2, 1 << 20), (2, 4097)])
+def test_a_lattigo_ciphertext_with_a_lying_count_is_refused_not_fatal(programs, field, value):
+    """Unmarshalled as sent, these kill the process (Go: out of memory or stack overflow); the server refuses
+    them with a reason and keeps serving."""
+    import struct
+
+    from polyfhe.fhe.backends.lattigo_bytes import METADATA_BYTES
+
+    prog = programs["lattigo"]
+    client = prog.client()
+    server = prog.server(client.public_context())
+    _, _, x, _ = digits()
+    data = client.encrypt(x[:2])
+    box = unpack(data, KIND_CIPHERTEXT)
+    raw = bytearray(box.sections["ct0"])
+    struct.pack_into("<Q", raw, 1 + METADATA_BYTES + 8 * field, value)  # components, primes, degree
+    with pytest.raises(WireError, match="input ciphertext"):
+        server.run(pack(KIND_CIPHERTEXT, box.header, {"ct0": bytes(raw)}))
+    np.testing.assert_allclose(client.decrypt(server.run(data)), prog.run_plain(x[:2]), atol=1e-3)

@@ -326,3 +326,26 @@ def test_a_bootstrapped_server_over_the_memory_budget_is_refused_with_its_number
                                               r".* What would fit: a narrower model"):
         export_ckks(DeepResidual().eval(), calibration=x, input_shape=(1, 8, 8), backend="lattigo",
                     params=SMALL_RING, allow_insecure=True, bootstrap_memory=100_000_000)
+
+
+def test_bootstrapping_keys_with_a_lying_count_are_refused_before_go_reads_them(deep_program):
+    """Go trusts the counts it unmarshals (2^33 polynomials: the process dies of out-of-memory); every count of
+    the bootstrapping keys must fit in the bytes present."""
+    import struct
+
+    from polyfhe.fhe.backends.lattigo_bytes import check_bootstrap_keys
+    from polyfhe.fhe.wire import KIND_CONTEXT, WireError, pack, unpack
+
+    _, prog = deep_program
+    box = unpack(prog.client().public_context(), KIND_CONTEXT)
+    keys = bytes(box.sections["bootstrap_keys"])
+    check_bootstrap_keys(keys)  # the real ones walk to their last byte
+    first_key = keys.index(b"\x01")  # the first present key's flag
+    for field, value in ((1, 1 << 33), (3, 1 << 40), (4, 3)):  # rows, the components, the Q prime count
+        lying = bytearray(keys)
+        struct.pack_into("<Q", lying, first_key + 1 + 8 * field, value)
+        context = pack(KIND_CONTEXT, box.header, {**box.sections, "bootstrap_keys": bytes(lying)})
+        with pytest.raises(WireError, match="bootstrapping keys"):
+            prog.server(context)
+    with pytest.raises(WireError, match="trailing bytes"):
+        check_bootstrap_keys(keys + b"\x00")

@@ -24,6 +24,12 @@ import numpy as np
 from polyfhe.fhe.backends.base import Backend, BackendUnavailable, KeySetTooLarge
 from polyfhe.fhe.backends.go_env import warn_if_missing
 from polyfhe.fhe.backends.lattigo_bootkeys import generate_in_child
+from polyfhe.fhe.backends.lattigo_bytes import (
+    KeyShape,
+    check_bootstrap_keys,
+    check_ciphertext,
+    check_evaluation_keys,
+)
 from polyfhe.fhe.backends.lattigo_format import (
     LattigoModel,
     bootstrap_spec,
@@ -33,7 +39,6 @@ from polyfhe.fhe.backends.lattigo_format import (
     lower_program,
     secret_weight,
 )
-from polyfhe.fhe.backends.lattigo_keys import KeyShape, check_evaluation_keys
 from polyfhe.fhe.bootparams import BootstrapSpec, bootstrap_key_bytes, check_bootstrap_security
 from polyfhe.fhe.client import (
     InputError,
@@ -318,6 +323,8 @@ class LattigoClient:
     def decrypt(self, data: bytes) -> np.ndarray:
         box = unpack(data, KIND_CIPHERTEXT)
         _, samples = check_result(self.manifest, box)
+        params = self.manifest.params
+        check_ciphertext(box.sections["ct0"], params.poly_modulus_degree, set(range(1, params.levels + 2)), "result")
         try:
             ct = self._rlwe.Ciphertext.unmarshal_binary(box.sections["ct0"])
         except Exception as exc:
@@ -379,6 +386,8 @@ class LattigoServer:
         check_evaluation_keys(box.sections["evaluation_keys"], KeyShape.from_lattigo_params(params),
                               {galois_element(s, n) for s in program.manifest.galois_steps},
                               self._lowered.needs_relin)
+        if spec:
+            check_bootstrap_keys(box.sections["bootstrap_keys"])
         try:
             self._evaluator = _new_evaluator(evaluator, params, box.sections["evaluation_keys"],
                                              box.sections.get("bootstrap_keys") if spec else None)
@@ -393,6 +402,8 @@ class LattigoServer:
 
     def _load_input(self, data: bytes) -> tuple[bytes, int]:
         (raw,), samples = open_query(data, self.program, self.max_ciphertext_bytes)
+        check_ciphertext(raw, self.program.params.poly_modulus_degree, {self._lowered.input_level + 1},
+                         "input ciphertext")
         try:
             ct = self._rlwe.Ciphertext.unmarshal_binary(raw)
             level = ct.level()
