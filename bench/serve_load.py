@@ -1,21 +1,33 @@
-"""Load test of ``polyfhe serve`` on loopback: K concurrent clients x M encrypted requests each.
+"""Load test of ``polyfhe serve`` on loopback: K concurrent clients x M encrypted requests each, for some K.
 
-    python bench/serve_load.py                              # builds a digits-sized MLP program, K=8, M=4
-    python bench/serve_load.py --clients 8 --requests 20    # heavier
-    python bench/serve_load.py --programs DIR --model NAME  # serve your own programs folder
-    python bench/serve_load.py --server URL --model NAME    # an already running server
+    python bench/serve_load.py                                    # digits-sized MLP, K = 8 and 32, M = 8
+    python bench/serve_load.py --clients 8 --requests 20          # one K, heavier
+    python bench/serve_load.py --baseline-tree ../polyfhe-main    # also the server of another checkout
+    python bench/serve_load.py --programs DIR --model NAME        # serve your own programs folder
+    python bench/serve_load.py --server URL --model NAME          # an already running server
 
-Each client has its own keys and session (key generation and the context upload are timed apart); then all
-clients start together and send M requests each (encrypt -> POST -> decrypt). Printed and written to
-``--out/serve_load.json``: p50/p95 latency, throughput, error count, peak server RSS (from ``/metrics``), and
-the machine (CPU, cores, Python). With the program at hand, every answer is checked against ``run_plain``;
-a wrong answer counts as an error. Target: zero errors at 8 concurrent clients.
+Each client makes its own keys and opens one session (key generation, upload and load: "session setup"), then
+all clients start together and send their requests in their session, one after another: encrypt -> POST ->
+decrypt. The first request of every client is reported apart ("first", on a fresh server: the plaintext
+store is empty, so it pays the encodes: cold); the other M - 1 make the latency percentiles and the throughput
+(warm).
+A fresh server is started for every K (and every server tree), so runs are cold against cold and warm against
+warm. Every answer is checked against the program's ``run_plain``; a wrong answer or a refusal is an error
+(503s are retried after their Retry-After, up to ``--retries`` times).
+
+``--baseline-tree DIR`` runs the same load, with the same clients, against the server of another checkout of
+polyfhe (``PYTHONPATH=DIR python -m polyfhe.cli serve``), e.g. a git worktree of the last release.
+
+Printed: the machine (CPU, cores, load average at the start), a markdown table, and written: ``--out/
+serve_load.json`` and a plot of latency and throughput against K (``--plot``, PNG). Peak server RSS is the
+server process's VmHWM (``/proc``) when it was started here, else ``/metrics``. Exit status 1 if any error.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -33,7 +45,9 @@ from machine_info import machine_info
 
 from polyfhe.serve.http_client import ServeClient, ServeError
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results"
+DEFAULT_PLOT = HERE.parent / "docs" / "images" / "serve_load_cpu.png"
 DEFAULT_MODEL = "digits_mlp"
 
 
@@ -51,21 +65,30 @@ def build_program(folder: Path) -> Path:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), Square(), nn.Linear(32, 10)).eval()
     calib = np.random.default_rng(0).random((256, 1, 8, 8)).astype(np.float32)
-    polyfhe.export(model, target="ckks", calibration=calib, input_shape=(1, 8, 8)).save(folder / DEFAULT_MODEL)
+    program = polyfhe.export(model, target="ckks", calibration=calib, input_shape=(1, 8, 8))
+    program.save(folder / DEFAULT_MODEL)
     return folder
 
 
-def start_server(programs: Path, log: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
+def start_server(programs: Path, log: Path, extra: list[str],
+                 tree: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """``polyfhe serve`` on a free loopback port; ``tree``: the checkout whose polyfhe it runs (default: this
+    one)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "polyfhe.cli", "serve", "--programs", str(programs), "--port", str(port), *extra]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    cmd = [sys.executable, "-m", "polyfhe.cli", "serve", "--programs", str(programs), "--port", str(port),
+           *extra]
+    env = dict(os.environ)
+    if tree is not None:
+        paths = [str(tree.resolve()), env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}; see {log}")
+            raise SystemExit(f"server exited with {proc.returncode}; see {log}:\n{log.read_text()[-2000:]}")
         try:
             if httpx.get(url + "/healthz", timeout=2).status_code == 200:
                 return proc, url
@@ -75,33 +98,60 @@ def start_server(programs: Path, log: Path, extra: list[str]) -> tuple[subproces
     raise SystemExit(f"server did not start within 120 s; see {log}")
 
 
-def peak_rss(url: str) -> int | None:
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("polyfhe_peak_resident_memory_bytes "):
-            return int(float(line.split()[1]))
+def peak_rss(url: str, pid: int | None = None) -> int | None:
+    """The server's peak RSS: VmHWM of its process when known, else ``/metrics``."""
+    if pid is not None:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    try:
+        for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("polyfhe_peak_resident_memory_bytes "):
+                return int(float(line.split()[1]))
+    except httpx.HTTPError:
+        pass
     return None
 
 
-def run_load(url: str, model: str, clients: int, requests: int, program=None) -> dict:
-    """K threads, each its own session; latencies of the M requests after a common start."""
-    manifest = ServeClient(url).manifest(model)
+def server_commit(tree: Path) -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], check=False,
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    v = sorted(values)
+    return v[min(len(v) - 1, round(q * (len(v) - 1)))] if v else None
+
+
+def run_load(url: str, model: str, clients: int, requests: int, program=None, retries: int = 10) -> dict:
+    """K threads, each its own session; the first request of each apart, then M - 1 timed together."""
+    with ServeClient(url) as api:
+        manifest = api.manifest(model)
     shape = tuple(manifest.input_shape[1:])
-    rng = np.random.default_rng(0)
-    inputs = rng.random((max(requests, 1) * clients, *shape))
+    inputs = np.random.default_rng(0).random((max(requests, 1) * clients, *shape))
     reference = None if program is None else np.concatenate([program.run_plain(x[None]) for x in inputs])
     start = threading.Barrier(clients + 1)
+    first: list[float] = []
     latencies: list[float] = []
     server_s: list[float] = []
     setup_s: list[float] = []
     errors: list[str] = []
     bytes_sent = [0]
+    done_at: list[float] = []
     lock = threading.Lock()
 
     def client(k: int) -> None:
         session = None
         try:
             t0 = time.perf_counter()
-            with ServeClient(url) as api:
+            with ServeClient(url, retries=retries) as api:
                 try:
                     session = api.open_session(model)
                     with lock:
@@ -123,10 +173,13 @@ def run_load(url: str, model: str, clients: int, requests: int, program=None) ->
                     with lock:
                         bytes_sent[0] += result.bytes_sent
                         if wrong:
-                            errors.append(f"client {k} request {j}: answer differs from the plaintext program")
+                            errors.append(f"client {k} request {j}: answer differs from the plaintext "
+                                          "program")
                             continue
-                        latencies.append(result.timings["total"])
+                        (first if j == 0 else latencies).append(result.timings["total"])
                         server_s.append(result.timings["server"])
+                with lock:
+                    done_at.append(time.perf_counter())
                 session.close()
         except Exception as exc:  # noqa: BLE001 - any failure is an error of this client, reported below
             with lock:
@@ -140,85 +193,145 @@ def run_load(url: str, model: str, clients: int, requests: int, program=None) ->
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    lat = sorted(latencies)
-
-    def pct(q: float) -> float | None:
-        return lat[min(len(lat) - 1, round(q * (len(lat) - 1)))] if lat else None
-
-    return {"clients": clients, "requests_per_client": requests, "ok": len(lat),
-            "errors": clients * requests - len(lat),
-            "error_messages": errors[:20], "wall_s": wall, "throughput_rps": len(lat) / wall if wall else None,
-            "p50_s": pct(0.50), "p95_s": pct(0.95), "mean_s": statistics.fmean(lat) if lat else None,
+    ok = len(first) + len(latencies)
+    return {"clients": clients, "requests_per_client": requests, "ok": ok, "errors": clients * requests - ok,
+            "error_messages": errors[:20], "wall_s": wall, "throughput_rps": ok / wall if wall else None,
+            "first_p50_s": statistics.median(first) if first else None, "first_p95_s": _pct(first, 0.95),
+            "p50_s": _pct(latencies, 0.50), "p95_s": _pct(latencies, 0.95),
+            "mean_s": statistics.fmean(latencies) if latencies else None,
             "server_p50_s": statistics.median(server_s) if server_s else None,
             "session_setup_p50_s": statistics.median(setup_s) if setup_s else None,
+            "session_setup_max_s": max(setup_s) if setup_s else None,
             "bytes_sent": bytes_sent[0], "checked_against_plaintext": reference is not None}
 
 
-def render(result: dict, info: dict) -> str:
-    def ms(v):
-        return "-" if v is None else f"{v * 1000:.0f} ms"
+# ------------------------------------------------------------------------------------------------------------
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
 
-    m = info["machine"]
-    rows = [
-        ("machine", f"{m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), load {m['load_avg_1m']:.1f}"),
-        ("python", f"{m['python']} on {m['platform']}"),
-        ("server", f"{info['url']} model {info['model']} ({info['params']})"),
-        ("clients x requests", f"{result['clients']} x {result['requests_per_client']}"),
-        ("ok / errors", f"{result['ok']} / {result['errors']}"
-                        + (" (checked against run_plain)" if result["checked_against_plaintext"] else "")),
-        ("latency p50 / p95", f"{ms(result['p50_s'])} / {ms(result['p95_s'])} (encrypt + request + decrypt)"),
-        ("server evaluation p50", ms(result["server_p50_s"])),
-        ("throughput", f"{result['throughput_rps']:.2f} requests/s over {result['wall_s']:.1f} s"
-                       if result["throughput_rps"] else "-"),
-        ("session setup p50", f"{ms(result['session_setup_p50_s'])} (keygen + context upload + load)"),
-        ("bytes sent", f"{result['bytes_sent'] / 1e6:.1f} MB (public contexts included)"),
-        ("peak server RSS", "-" if info["peak_rss_bytes"] is None else f"{info['peak_rss_bytes'] / 1e6:.0f} MB"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| server | clients x requests | ok / errors | first request p50 (cold), ms "
+            "| p50 / p95 (warm), ms | server evaluation p50, ms | throughput, requests/s "
+            "| session setup p50 / max, s | peak server RSS, MB |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in rows:
+        setup = "-" if r["session_setup_p50_s"] is None else (f"{r['session_setup_p50_s']:.1f} / "
+                                                               f"{r['session_setup_max_s']:.1f}")
+        rss = "-" if r["peak_rss_bytes"] is None else f"{r['peak_rss_bytes'] / 1e6:.0f}"
+        tput = "-" if r["throughput_rps"] is None else f"{r['throughput_rps']:.1f}"
+        lines.append(f"| {r['server']} | {r['clients']} x {r['requests_per_client']} | {r['ok']} / "
+                     f"{r['errors']} | {_ms(r['first_p50_s'])} | {_ms(r['p50_s'])} / {_ms(r['p95_s'])} | "
+                     f"{_ms(r['server_p50_s'])} | {tput} | {setup} | {rss} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (lat, tput) = plt.subplots(1, 2, figsize=(10, 4))
+    for name in dict.fromkeys(r["server"] for r in rows):
+        rs = sorted((r for r in rows if r["server"] == name and r["p50_s"] is not None),
+                    key=lambda r: r["clients"])
+        ks = [r["clients"] for r in rs]
+        line = lat.plot(ks, [r["p50_s"] * 1000 for r in rs], marker="o", label=f"{name} p50")[0]
+        lat.plot(ks, [r["p95_s"] * 1000 for r in rs], marker="^", linestyle="--", color=line.get_color(),
+                 label=f"{name} p95")
+        tput.plot(ks, [r["throughput_rps"] for r in rs], marker="o", color=line.get_color(), label=name)
+    lat.set(xlabel="concurrent clients", ylabel="latency per request, ms (warm)", title="latency")
+    tput.set(xlabel="concurrent clients", ylabel="requests / s", title="throughput")
+    for ax in (lat, tput):
+        ax.set_xticks(sorted({r["clients"] for r in rows}))
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--clients", "-k", type=int, default=8, help="concurrent clients (default 8)")
-    p.add_argument("--requests", "-m", type=int, default=4, help="requests per client (default 4)")
-    p.add_argument("--server", help="URL of a running server (default: start one here)")
-    p.add_argument("--programs", type=Path, help="programs folder to serve (default: build a digits-sized MLP)")
+    p.add_argument("--clients", "-k", type=int, nargs="+", default=[8, 32],
+                   help="concurrent clients, one run each (default 8 32)")
+    p.add_argument("--requests", "-m", type=int, default=8,
+                   help="requests per client (default 8; the first is cold)")
+    p.add_argument("--server", help="URL of a running server (default: start one here per run)")
+    p.add_argument("--programs", type=Path,
+                   help="programs folder to serve (default: build a digits-sized MLP)")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name (default {DEFAULT_MODEL})")
-    p.add_argument("--server-args", default="", help="extra `polyfhe serve` flags, e.g. '--max-concurrency 2'")
+    p.add_argument("--baseline-tree", type=Path, help="also run against the server of this polyfhe checkout")
+    p.add_argument("--server-args", default="",
+                   help="extra `polyfhe serve` flags, e.g. '--max-concurrency 2'")
+    p.add_argument("--retries", type=int, default=10, help="503 retries per request (default 10)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for serve_load.json")
+    p.add_argument("--plot", type=Path, default=DEFAULT_PLOT, help=f"PNG to write (default {DEFAULT_PLOT})")
     args = p.parse_args(argv)
 
-    proc = None
-    program = None
+    info = machine_info()
+    m, load = info, os.getloadavg()
+    print(f"machine: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), load average at the start "
+          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; Python {m['python']} on "
+          f"{m['platform']}", flush=True)
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="polyfhe-serve-load-") as tmp:
-        try:
-            url = args.server
-            if url is None:
-                programs = args.programs or build_program(Path(tmp))
-                from polyfhe.fhe.program import load_program
+        program = None
+        if args.server is None:
+            programs = args.programs or build_program(Path(tmp))
+            from polyfhe.fhe.program import load_program
 
-                program = load_program(programs / args.model)
-                extra = ["--max-sessions", str(max(16, args.clients))] + args.server_args.split()
-                proc, url = start_server(programs, Path(tmp) / "server.log", extra)
-            card = next((m for m in ServeClient(url).models() if m["name"] == args.model), None)
-            if card is None:
-                raise SystemExit(f"the server has no model {args.model!r}")
-            result = run_load(url, args.model, args.clients, args.requests, program)
-            info = {"url": url, "model": args.model, "params": card["params_text"], "machine": machine_info(),
-                    "peak_rss_bytes": peak_rss(url), "server_started_here": proc is not None}
-        finally:
-            if proc is not None:
-                proc.terminate()
-                proc.wait(timeout=30)
-    print(render(result, info))
-    for message in result["error_messages"]:
-        print(f"error: {message}", file=sys.stderr)
+            program = load_program(programs / args.model)
+        servers: list[tuple[str, Path | None]] = [(f"this tree ({server_commit(HERE.parent)}+)", None)]
+        if args.baseline_tree is not None:
+            servers.append((f"baseline {server_commit(args.baseline_tree)}", args.baseline_tree))
+        for k in args.clients:
+            for name, tree in servers if args.server is None else [("given", None)]:
+                proc, url, pid = None, args.server, None
+                try:
+                    if url is None:
+                        # every client holds a session; every request may wait: no 503 by design
+                        extra = ["--max-sessions", str(max(16, k)), "--max-queue", str(max(16, 2 * k)),
+                                 *args.server_args.split()]
+                        log = Path(tmp) / f"server-{k}-{len(rows)}.log"
+                        proc, url = start_server(programs, log, extra, tree)
+                        pid = proc.pid
+                    with ServeClient(url) as api:
+                        card = next((c for c in api.models() if c["name"] == args.model), None)
+                    if card is None:
+                        raise SystemExit(f"the server has no model {args.model!r}")
+                    t0 = time.perf_counter()
+                    result = run_load(url, args.model, k, args.requests, program, args.retries)
+                    row = {"server": name, **result, "peak_rss_bytes": peak_rss(url, pid),
+                           "params": card.get("params_text"), "run_s": time.perf_counter() - t0}
+                finally:
+                    if proc is not None:
+                        proc.terminate()
+                        proc.wait(timeout=60)
+                rows.append(row)
+                print(f"{name}: {k} clients: {row['ok']} ok, {row['errors']} errors, warm p50 "
+                      f"{_ms(row['p50_s'])} ms, {row['run_s']:.0f} s", flush=True)
+                for message in row["error_messages"]:
+                    print(f"  error: {message}", file=sys.stderr)
+    table = markdown(rows)
+    print()
+    print(table)
+    model_text = f"model {args.model} ({rows[0]['params']})" if rows else ""
+    print(f"\n{model_text}; latency = encrypt + request + decrypt on the same machine (clients and server "
+          f"share the cores); first request = cold (fresh server, empty plaintext store), p50/p95 = the "
+          f"other {args.requests - 1} requests of every client (warm)")
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / "serve_load.json"
-    out.write_text(json.dumps({**info, **result}, indent=1))
+    out.write_text(json.dumps({"machine": info, "model": args.model, "runs": rows, "table": table}, indent=1))
     print(f"wrote {out}", file=sys.stderr)
-    return 0 if result["errors"] == 0 else 1
+    if rows and args.plot:
+        plot(rows, args.plot, f"{model_text}; {info['cpu']}, {info['usable_cores']} cores")
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0 if all(r["errors"] == 0 for r in rows) else 1
 
 
 if __name__ == "__main__":

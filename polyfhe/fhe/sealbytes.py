@@ -259,9 +259,18 @@ def check_kswitch(fd: int, length: int, layout: SealLayout, rows: set[int] | Non
                 raise SerializationError(f"{what}: a key of {header.size} bytes, {key_size} expected")
             check_ciphertext(fd, offset + HEADER.size, layout.public_key_bytes, layout, key_level=True,
                              what=f"{what} key")
+            _check_random_part(fd, offset + HEADER.size, layout, what)
             offset += key_size
     if offset != HEADER.size + length:
         raise SerializationError(f"{what} have {HEADER.size + length - offset} trailing bytes")
+
+
+def _check_random_part(fd: int, offset: int, layout: SealLayout, what: str) -> None:
+    """Refuse a key whose uniformly random component starts with eight zero coefficients (a real key does so
+    with probability about 2^-400): all-zero keys make every product of the session fail as transparent."""
+    start = offset + CT_MEMBERS + DYNARRAY_PREFIX + layout.n * layout.key_primes * 8
+    if not any(os.pread(fd, 64, start)):
+        raise SerializationError(f"{what} hold a key whose random component is zero: not a key")
 
 
 def check_secret_key(fd: int, length: int, layout: SealLayout) -> None:

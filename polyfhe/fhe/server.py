@@ -8,7 +8,6 @@ is validated (container, program id, parameters, SEAL's own checks) and rejected
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -117,7 +116,7 @@ class CKKSServer:
         for ct in cts:
             if list(ct.parms_id()) != list(top) or ct.size() != 2:
                 raise WireError("input ciphertexts must be fresh (top level, two components)")
-            if not math.isfinite(ct.scale) or abs(ct.scale / m.params.scale - 1.0) > 1e-6:
+            if ct.scale != m.params.scale:  # exactly: plaintexts are encoded for it (clients encrypt at it)
                 raise WireError(f"input ciphertext scale {ct.scale:.6g} != program scale 2^{m.params.scale_bits}")
             if ct.is_transparent():
                 raise WireError("input ciphertext is transparent (its second component is zero): it encrypts "

@@ -76,8 +76,10 @@ def unpack(data: bytes | bytearray | memoryview, expect: bytes, max_bytes: int |
         raise WireError(f"{what} header length {size} is invalid for {len(data)} bytes (truncated?)")
     try:
         header = json.loads(bytes(data[start: start + size]))
+        if not isinstance(header, dict):
+            raise TypeError(f"a JSON {type(header).__name__}, not an object")
         sections_spec = [(str(n), int(k)) for n, k in header.pop("sections")]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:
         raise WireError(f"{what} header is not valid: {exc}") from exc
     allowed = ALLOWED_SECTIONS[expect]
     sections: dict[str, memoryview] = {}
