@@ -46,8 +46,9 @@ class KeyShape:
     @classmethod
     def from_lattigo_params(cls, params: dict) -> KeyShape:
         n = 1 << int(params["logn"])
-        root = 1 << int(params["log_nth_root"]) if params.get("log_nth_root") else 2 * n
-        return cls(n, len(params["logq"]), len(params["logp"]), root)
+        # the residual ring's own keys carry its 2N even when ring switching raises the parameters' nth root
+        # (measured on the width-32 deep recipe: 32768 at N=16384 with log_nth_root 17)
+        return cls(n, len(params["logq"]), len(params["logp"]), 2 * n)
 
     @property
     def rows(self) -> int:
