@@ -23,7 +23,6 @@ instrumented (the SEAL library is native: crashes there are seen, its branches a
 
 from __future__ import annotations
 
-import struct
 import sys
 import tempfile
 import zlib
@@ -35,6 +34,7 @@ with atheris.instrument_imports(include=["polyfhe.fhe.wire", "polyfhe.fhe.sealby
                                          "polyfhe.fhe.seal_backend", "polyfhe.serve.uploads"]):
     from polyfhe.fhe import seal_backend, server, wire  # noqa: F401 - instrumented here
     from polyfhe.fhe.seal_backend import SerializationError
+    from polyfhe.fhe.sealbytes import CT_MEMBERS, DYNARRAY_PREFIX, HEADER
     from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
     from polyfhe.serve.errors import ApiError
     from polyfhe.serve.uploads import check_upload
@@ -42,28 +42,14 @@ with atheris.instrument_imports(include=["polyfhe.fhe.wire", "polyfhe.fhe.sealby
 import numpy as np
 import zstandard
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from square_mlp import square_mlp_program
+
 REFUSED = (WireError, SerializationError)
-HEADER = struct.Struct("<HBBBBHQ")
-MEMBERS = 32 + 1 + 8 * 3 + 8 + 8 + HEADER.size + 8  # ciphertext metadata and its coefficient array's header
+MEMBERS = CT_MEMBERS + DYNARRAY_PREFIX  # ciphertext metadata and its coefficient array's header
 
 
-def _program():
-    import torch
-    from torch import nn
-
-    import polyfhe
-
-    class Square(nn.Module):
-        def forward(self, x):
-            return x * x
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 12), Square(), nn.Linear(12, 4)).eval()
-    calib = np.random.default_rng(0).random((64, 1, 8, 8)).astype(np.float32)
-    return polyfhe.export(model, target="ckks", calibration=calib, input_shape=(1, 8, 8))
-
-
-PROGRAM = _program()
+PROGRAM = square_mlp_program(12, 4, 64)  # the serve tests' ``tiny`` program
 CLIENT = PROGRAM.client()
 CONTEXT = CLIENT.public_context()
 CIPHERTEXT = CLIENT.encrypt(np.random.default_rng(1).random(64))

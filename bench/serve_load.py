@@ -42,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine_info import machine_info
+from square_mlp import square_mlp_program
 
 from polyfhe.serve.http_client import ServeClient, ServeError
 
@@ -53,20 +54,7 @@ DEFAULT_MODEL = "digits_mlp"
 
 def build_program(folder: Path) -> Path:
     """An untrained 64->32->x^2->10 MLP (the digits MLP shape) compiled for the single layout."""
-    import torch
-    from torch import nn
-
-    import polyfhe
-
-    class Square(nn.Module):
-        def forward(self, x):
-            return x * x
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), Square(), nn.Linear(32, 10)).eval()
-    calib = np.random.default_rng(0).random((256, 1, 8, 8)).astype(np.float32)
-    program = polyfhe.export(model, target="ckks", calibration=calib, input_shape=(1, 8, 8))
-    program.save(folder / DEFAULT_MODEL)
+    square_mlp_program(32, 10, 256).save(folder / DEFAULT_MODEL)
     return folder
 
 

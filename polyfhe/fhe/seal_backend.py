@@ -133,14 +133,7 @@ class SealContext:
         obj = factory()
         with _memory_file() as (fd, path):
             length = inflate_into(fd, data, expected_bytes(layout, kind, len(rows or ())), what)
-            if kind == "ciphertext":
-                check_ciphertext(fd, HEADER.size, length, layout)
-            elif kind == "public_key":
-                check_ciphertext(fd, HEADER.size, length, layout, key_level=True, what=what)
-            elif kind == "secret_key":
-                check_secret_key(fd, length, layout)
-            else:
-                check_kswitch(fd, length, layout, rows, what)
+            _STRUCTURE_CHECKS[kind](fd, length, layout, rows, what)
             try:
                 obj.load(self.context, path)
             except Exception as exc:
@@ -149,6 +142,17 @@ class SealContext:
         if not self.sa.is_valid_for(obj, self.context):
             raise SerializationError(f"{kind} does not match {self.params.describe()}")
         return obj
+
+
+# kind -> walk of its inflated payload (fd, payload bytes, layout, Galois rows, what): before SEAL parses it
+_STRUCTURE_CHECKS = {
+    "ciphertext": lambda fd, length, layout, rows, what: check_ciphertext(fd, HEADER.size, length, layout),
+    "public_key": lambda fd, length, layout, rows, what: check_ciphertext(fd, HEADER.size, length, layout,
+                                                                         key_level=True, what=what),
+    "secret_key": lambda fd, length, layout, rows, what: check_secret_key(fd, length, layout),
+    "relin_keys": check_kswitch,  # rows None: the one relinearisation row
+    "galois_keys": check_kswitch,
+}
 
 
 def _seal_layout(context, n: int) -> SealLayout:

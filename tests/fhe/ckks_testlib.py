@@ -61,3 +61,14 @@ def square_cnn() -> nn.Module:
 def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
     with torch.no_grad():
         return float((model(torch.tensor(x, dtype=torch.float32)).argmax(1).numpy() == y).mean())
+
+
+def export_square_mlp(hidden: int, classes: int, calibration_samples: int = 64, **kwargs):
+    """An untrained 64 -> hidden -> x^2 -> classes MLP exported for CKKS (random 8x8 calibration): programs of
+    a few MB of keys, for tests of what travels rather than what is learned."""
+    import polyfhe
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), Square(), nn.Linear(hidden, classes)).eval()
+    calib = np.random.default_rng(0).random((calibration_samples, 1, 8, 8)).astype(np.float32)
+    return polyfhe.export(model, target="ckks", calibration=calib, input_shape=(1, 8, 8), **kwargs)

@@ -8,8 +8,7 @@ import stat
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
+from ckks_testlib import export_square_mlp
 
 from polyfhe.fhe.backends import BackendUnavailable, get_backend, restore_client
 from polyfhe.fhe.client import CKKSClient, KeyMismatchError
@@ -19,18 +18,8 @@ from polyfhe.fhe.wire import WireError
 pytestmark = pytest.mark.fhe
 
 
-class Square(nn.Module):
-    def forward(self, x):
-        return x * x
-
-
 def _export(width: int, classes: int, **kwargs):
-    import polyfhe
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(64, width), Square(), nn.Linear(width, classes)).eval()
-    calib = np.random.default_rng(0).random((64, 1, 8, 8)).astype(np.float32)
-    return polyfhe.export(model, target="ckks", calibration=calib, input_shape=(1, 8, 8), **kwargs)
+    return export_square_mlp(width, classes, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 import seal_bombs as sb
 import zstandard
+from ckks_testlib import export_square_mlp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -133,19 +134,7 @@ class Setup:
 @pytest.fixture(scope="module")
 def setup() -> Setup:
     """The serve tests' ``tiny`` program (64 -> 12 -> x^2 -> 4, N=8192, 8 rotations), keys and inputs."""
-    import torch
-    from torch import nn
-
-    import polyfhe
-
-    class Square(nn.Module):
-        def forward(self, x):
-            return x * x
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 12), Square(), nn.Linear(12, 4)).eval()
-    calib = np.random.default_rng(0).random((64, 1, 8, 8)).astype(np.float32)
-    program = polyfhe.export(model, target="ckks", calibration=calib, input_shape=(1, 8, 8))
+    program = export_square_mlp(12, 4)
     client = program.client()
     context = client.public_context()
     x = np.random.default_rng(1).random((1, 1, 8, 8))
@@ -668,36 +657,36 @@ def check_bound(peak: PeakRss) -> None:
                                      f"{RSS_BOUND / MIB:.0f} MiB)")
 
 
-def check_context(s: Setup, data: bytes, equivalent_hint: bool | None = None) -> Exception | None:
-    """Decode a public context (and, if accepted, serve the valid ciphertext with it) within the bound."""
+def _check_served(s: Setup, data: bytes, kind: bytes, serve, equivalent_hint: bool | None) -> Exception | None:
+    """``serve()`` -> (output, refusal) within the memory bound; an input equivalent to the valid one (same
+    header, same inflated payloads) must be served, and any output must be right."""
     with PeakRss() as peak:
-        server, refusal = refused_or_none(lambda: s.program.server(data))
-        out = None
-        if server is not None:
-            out, refusal = refused_or_none(lambda: server.run(s.ciphertext))
-        server = None
+        out, refusal = serve()
     check_bound(peak)
-    same = (equivalent(data, KIND_CONTEXT, s.context_box, s.payloads) if equivalent_hint is None
-            else equivalent_hint)
+    what, box = ("context", s.context_box) if kind == KIND_CONTEXT else ("ciphertext", s.ciphertext_box)
+    same = equivalent(data, kind, box, s.payloads) if equivalent_hint is None else equivalent_hint
     if same:
-        assert refusal is None, f"an equivalent context was refused: {refusal}"
+        assert refusal is None, f"an equivalent {what} was refused: {refusal}"
     if out is not None:
         check_result(s, out, same)
     return refusal
+
+
+def check_context(s: Setup, data: bytes, equivalent_hint: bool | None = None) -> Exception | None:
+    """Decode a public context (and, if accepted, serve the valid ciphertext with it) within the bound."""
+    def serve():
+        server, refusal = refused_or_none(lambda: s.program.server(data))
+        if server is None:
+            return None, refusal
+        return refused_or_none(lambda: server.run(s.ciphertext))
+
+    return _check_served(s, data, KIND_CONTEXT, serve, equivalent_hint)
 
 
 def check_ciphertext(s: Setup, data: bytes, equivalent_hint: bool | None = None) -> Exception | None:
     """Serve an input ciphertext with the valid context's server, within the bound."""
-    with PeakRss() as peak:
-        out, refusal = refused_or_none(lambda: s.server.run(data))
-    check_bound(peak)
-    same = (equivalent(data, KIND_CIPHERTEXT, s.ciphertext_box, s.payloads) if equivalent_hint is None
-            else equivalent_hint)
-    if same:
-        assert refusal is None, f"an equivalent ciphertext was refused: {refusal}"
-    if out is not None:
-        check_result(s, out, same)
-    return refusal
+    return _check_served(s, data, KIND_CIPHERTEXT, lambda: refused_or_none(lambda: s.server.run(data)),
+                         equivalent_hint)
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -87,20 +87,38 @@ class _Cursor:
         self.at += nbytes
 
 
-def _evaluation_key(cur: _Cursor, shape: KeyShape) -> None:
-    start = cur.at
-    cur.expect(_U64, 0, "the base-two decomposition")
-    cur.expect(_U64, shape.rows, "the decomposition rows")
-    for _ in range(shape.rows):
-        cur.expect(_U64, 1, "the columns")
-        cur.expect(_U64, 2, "the ciphertext components")
-        for _ in range(2):
-            for primes, part in ((shape.q, "Q"), (shape.p, "P")):
-                cur.expect(_U64, primes, f"the {part} prime count")
-                for _ in range(primes):
-                    cur.expect(_U64, shape.n, "a polynomial's degree")
-                    cur.skip(8 * shape.n)
-    assert cur.at - start == shape.key_bytes
+def _bounded(cur: _Cursor, fmt: struct.Struct, most: int, field: str) -> int:
+    value = cur.take(fmt)
+    if value > most:
+        raise WireError(f"{cur.what}: {field} is {value} at byte {cur.at - fmt.size}, more than {most}")
+    return value
+
+
+def _field(cur: _Cursor, fmt: struct.Struct, want: int | None, most: int, field: str) -> int:
+    """A length field: exactly ``want`` when the shape is known, else at most ``most``."""
+    if want is None:
+        return _bounded(cur, fmt, most, field)
+    cur.expect(fmt, want, field)
+    return want
+
+
+def _evaluation_key(cur: _Cursor, shape: KeyShape | None) -> None:
+    """One evaluation key: of exactly ``shape``, or (``None``: the bootstrapping keys, whose shapes belong to
+    Lattigo's bootstrapping circuit) of any shape whose every count is bounded and whose data is present."""
+    known = shape is not None
+    _field(cur, _U64, 0 if known else None, MAX_PRIMES, "the base-two decomposition")
+    for _ in range(_field(cur, _U64, shape.rows if known else None, MAX_PRIMES, "the decomposition rows")):
+        for _ in range(_field(cur, _U64, 1 if known else None, MAX_PRIMES, "the columns")):
+            cur.expect(_U64, 2, "the ciphertext components")
+            for _ in range(2):
+                for part in ("Q", "P"):
+                    want = (shape.q if part == "Q" else shape.p) if known else None
+                    for _ in range(_field(cur, _U64, want, MAX_PRIMES, f"the {part} prime count")):
+                        degree = _field(cur, _U64, shape.n if known else None, 1 << MAX_LOG_DEGREE,
+                                        "a polynomial's degree")
+                        if degree & (degree - 1) or not degree:
+                            raise WireError(f"{cur.what}: a polynomial of degree {degree}, not a power of two")
+                        cur.skip(8 * degree)
 
 
 def check_evaluation_keys(data, shape: KeyShape, galois_elements: set[int], needs_relin: bool) -> None:
@@ -145,29 +163,6 @@ def check_ciphertext(data, n: int, primes: set[int], what: str = "ciphertext") -
     return count
 
 
-def _bounded(cur: _Cursor, fmt: struct.Struct, most: int, field: str) -> int:
-    value = cur.take(fmt)
-    if value > most:
-        raise WireError(f"{cur.what}: {field} is {value} at byte {cur.at - fmt.size}, more than {most}")
-    return value
-
-
-def _any_evaluation_key(cur: _Cursor) -> None:
-    """An evaluation key of any shape: every count bounded and its data present (the shapes of the
-    bootstrapping keys depend on Lattigo's bootstrapping circuit, not on the program)."""
-    _bounded(cur, _U64, MAX_PRIMES, "the base-two decomposition")
-    for _ in range(_bounded(cur, _U64, MAX_PRIMES, "the decomposition rows")):
-        for _ in range(_bounded(cur, _U64, MAX_PRIMES, "the columns")):
-            cur.expect(_U64, 2, "the ciphertext components")
-            for _ in range(2):
-                for part in ("Q", "P"):
-                    for _ in range(_bounded(cur, _U64, MAX_PRIMES, f"the {part} prime count")):
-                        degree = _bounded(cur, _U64, 1 << MAX_LOG_DEGREE, "a polynomial's degree")
-                        if degree & (degree - 1) or not degree:
-                            raise WireError(f"{cur.what}: a polynomial of degree {degree}, not a power of two")
-                        cur.skip(8 * degree)
-
-
 def _flag(cur: _Cursor, field: str) -> bool:
     return bool(_bounded(cur, _U8, 1, field))
 
@@ -178,13 +173,13 @@ def check_bootstrap_keys(data) -> None:
     cur = _Cursor(data, "bootstrapping keys")
     for name in ("N1->N2", "N2->N1", "real->complex", "complex->real", "dense->sparse", "sparse->dense"):
         if _flag(cur, f"the {name} key flag"):
-            _any_evaluation_key(cur)
+            _evaluation_key(cur, None)
     if _flag(cur, "the key-set flag"):
         if _flag(cur, "the relinearisation-key flag"):
-            _any_evaluation_key(cur)
+            _evaluation_key(cur, None)
         if _flag(cur, "the Galois-key flag"):
             for _ in range(_bounded(cur, _U32, 1 << 16, "the Galois key count")):
                 cur.skip(8 + 16)  # the map's element, the key's element and nth root
-                _any_evaluation_key(cur)
+                _evaluation_key(cur, None)
     if cur.at != len(cur.view):
         raise WireError(f"bootstrapping keys have {len(cur.view) - cur.at} trailing bytes")
