@@ -141,6 +141,6 @@ def export_zoo_model_for_check(name: str, img_size: int | None = None, out_dir: 
     model = create_model(name, **({"img_size": img_size} if img_size else {})).eval()
     directory = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="polyfhe-check-"))
     path = directory / f"{name}.onnx"
-    export_onnx(model, path, fold_first=entry.norm == "bn", require_polynomial=False, allow_nonfinite=True,
+    export_onnx(model, path, fold_first=entry.norm != "ln", require_polynomial=False, allow_nonfinite=True,
                 rtol=STRUCTURAL_CHECK_RTOL)
     return path

@@ -25,7 +25,7 @@ class ModelEntry:
     name: str
     builder: ModelBuilder
     family: str
-    norm: str  # "ln" or "bn"
+    norm: str  # "ln" (training form), "bn" (folds to add/mul) or "none" (polynomial without any norm)
     default_cfg: dict[str, Any] = field(default_factory=dict)
     spec_params: int | None = None  # reference parameter count at default_cfg (None: no reference number)
     spec_ct_depth: int | None = None  # spec section 3: sequential ct x ct products
@@ -46,6 +46,7 @@ class ModelEntry:
 
 
 _REGISTRY: dict[str, ModelEntry] = {}
+NORM_KINDS = ("ln", "bn", "none")
 
 
 def _first_doc_line(obj: object) -> str:
@@ -65,8 +66,8 @@ def register_model(
     description: str = "",
 ) -> Callable[[ModelBuilder], ModelBuilder]:
     """Decorator that registers ``builder(**cfg) -> nn.Module`` under ``name``."""
-    if norm not in ("ln", "bn"):
-        raise ValueError(f"norm must be 'ln' or 'bn', got {norm!r}")
+    if norm not in NORM_KINDS:
+        raise ValueError(f"norm must be one of {', '.join(map(repr, NORM_KINDS))}, got {norm!r}")
 
     def decorator(builder: ModelBuilder) -> ModelBuilder:
         if name in _REGISTRY:
@@ -89,7 +90,8 @@ def register_model(
 
 # Model-family modules; importing one runs its @register_model decorators.
 FAMILY_MODULES: tuple[str, ...] = (
-    "polyfhe.models.monet", "polyfhe.models.polynext", "polyfhe.models.fhe_recipes",
+    "polyfhe.models.monet", "polyfhe.models.polynext", "polyfhe.models.fhe_recipes", "polyfhe.models.lpnn",
+    "polyfhe.models.taylornet", "polyfhe.models.resmlp",
 )
 
 

@@ -87,11 +87,11 @@ def analysis_img_size(name: str) -> int:
 
 
 def with_analysis(row: ZooRow) -> ZooRow:
-    """Fill degree, ct x ct depth and levels from the analyzer (BN variants; LN variants are not polynomial)."""
+    """Fill degree, ct x ct depth and levels from the analyzer (LN variants are not polynomial: left empty)."""
     from polyfhe.analysis import analyze
     from polyfhe.export.onnx import export_zoo_model_for_check
 
-    if row.norm != "bn":
+    if row.norm == "ln":
         return row
     with tempfile.TemporaryDirectory(prefix="polyfhe-zoo-") as tmp:
         report = analyze(export_zoo_model_for_check(row.name, analysis_img_size(row.name), tmp))

@@ -1,0 +1,1 @@
+"""LPNN (Ladder Polynomial Neural Network): placeholder, filled in by the LPNN work of issue 17."""

@@ -1,0 +1,1 @@
+"""Polynomial ResMLP: placeholder, filled in by the ResMLP work of issue 17."""
