@@ -11,6 +11,7 @@ Public API (``fold`` and ``export`` are functions that shadow their subpackages;
     prog.save("prog"); prog = polyfhe.load_program("prog")
     client = prog.client(); server = prog.server(client.public_context())
     y = client.decrypt(server.run(client.encrypt(x)))
+    print(polyfhe.symbolic(small_model, variables=("x", "y")))  # explicit polynomial (sympy), pruned
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _LAZY = {
     "FoldError": "polyfhe.fold", "fold": "polyfhe.fold",
     "create_model": "polyfhe.models.registry", "list_models": "polyfhe.models.registry",
     "model_entry": "polyfhe.models.registry",
+    "symbolic": "polyfhe.symbolic",
     "train": "polyfhe.training",
 }
 
@@ -50,5 +52,5 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "AnalysisReport", "CKKSProgram", "FoldError", "__version__", "analyze", "calibrate", "create_model", "export", "fold", "list_models",
-    "load_program", "model_entry", "train",
+    "load_program", "model_entry", "symbolic", "train",
 ]
