@@ -27,19 +27,43 @@ def digits():
     return data.x_train.astype(np.float64), data.y_train, data.x_test.astype(np.float64), data.y_test
 
 
-def train(model: nn.Module, epochs: int = 30, lr: float = 0.01) -> nn.Module:
-    """A few full-batch AdamW steps: enough for the tests to check real decisions, not chance."""
+def train(model: nn.Module, epochs: int = 30, lr: float = 0.01, batch_size: int = 256) -> nn.Module:
+    """A few AdamW epochs: enough for the tests to check real decisions, not chance. One torch thread: these
+    tiny matrices run several times slower when two threads fight over a busy 2-core machine."""
     x, y, _, _ = digits()
     torch.manual_seed(0)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.long)
-    model.train()
-    for _ in range(epochs):
-        for i in range(0, len(xt), 256):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(xt[i:i + 256]), yt[i:i + 256]).backward()
-            opt.step()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model.train()
+        for _ in range(epochs):
+            for i in range(0, len(xt), batch_size):
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(xt[i:i + batch_size]), yt[i:i + batch_size]).backward()
+                opt.step()
+    finally:
+        torch.set_num_threads(threads)
     return model.eval()
+
+
+def encrypted_and_plain(model: nn.Module, x: np.ndarray, min_samples: int = 16, backend: str = "seal",
+                        input_shape: tuple[int, ...] = (1, 8, 8)) -> tuple[np.ndarray, np.ndarray]:
+    """Logits of the first rows of ``x`` (at least ``min_samples``, whole ciphertexts) run encrypted in the single
+    layout, and the float64 plaintext logits of the same rows."""
+    from polyfhe.export.ckks import export_ckks
+
+    prog = export_ckks(model, calibration=x[:64], layout="single", input_shape=input_shape, backend=backend)
+    client = prog.client()
+    server = prog.server(client.public_context())
+    lanes = prog.manifest.samples_per_ciphertext
+    rows = x[:max(min_samples, lanes)]
+    enc = np.concatenate([client.decrypt(server.run(client.encrypt(rows[i:i + lanes])))
+                          for i in range(0, len(rows), lanes)])
+    with torch.no_grad():
+        plain = model(torch.tensor(rows, dtype=torch.float32)).numpy().astype(np.float64)
+    return enc, plain
 
 
 def digits_mlp() -> nn.Module:

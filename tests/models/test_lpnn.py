@@ -163,22 +163,13 @@ def test_analyzer_degree_matches_the_config(widths, factor_source, hand_degree, 
 
 @pytest.mark.fhe
 def test_encrypted_inference_matches_plaintext_on_digits() -> None:
-    from polyfhe.export.ckks import export_ckks
-    from tests.fhe.ckks_testlib import accuracy, digits, train
+    from tests.fhe.ckks_testlib import accuracy, digits, encrypted_and_plain, train
 
     torch.manual_seed(0)
     model = train(build_lpnn(widths=(32, 32), img_size=8, drop_rate=0.0), epochs=15, lr=0.01)
     _, _, x, y = digits()
     assert accuracy(model, x, y) > 0.85  # a trained decision is compared, not chance
-    prog = export_ckks(model, calibration=x[:64], layout="single", input_shape=(1, 8, 8), backend="seal")
-    client = prog.client()
-    server = prog.server(client.public_context())
-    lanes = prog.manifest.samples_per_ciphertext
-    xs = x[:max(16, lanes)]
-    enc = np.concatenate([client.decrypt(server.run(client.encrypt(xs[i:i + lanes])))
-                          for i in range(0, len(xs), lanes)])
-    with torch.no_grad():
-        plain = model(torch.tensor(xs, dtype=torch.float32)).numpy().astype(np.float64)
+    enc, plain = encrypted_and_plain(model, x)
     assert enc.shape == plain.shape and len(enc) >= 16
     assert np.array_equal(enc.argmax(1), plain.argmax(1))
     assert np.abs(enc - plain).max() < 1e-3  # measured 4e-6 on logits up to 16

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 import polyfhe
-from polyfhe.data.sources import load_digits
 from polyfhe.export.onnx import export_onnx
 from polyfhe.fold import fold
 from polyfhe.fold.resmlp import FoldedCrossPatch, TokenSum, fold_affine_into_cross_patch
@@ -136,49 +135,19 @@ def test_unknown_option_and_wrong_input_are_rejected() -> None:
         polyfhe.create_model("resmlp_poly")(torch.randn(1, 3, 28, 28))
 
 
-def _train_on_digits(model: nn.Module, x: np.ndarray, y: np.ndarray, epochs: int = 30) -> nn.Module:
-    """Brief AdamW training; one thread: tiny matrices run slower when two threads fight for a busy machine."""
-    torch.manual_seed(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.long)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model.train()
-        for _ in range(epochs):
-            for i in range(0, len(xt), 128):
-                opt.zero_grad()
-                nn.functional.cross_entropy(model(xt[i:i + 128]), yt[i:i + 128]).backward()
-                opt.step()
-    finally:
-        torch.set_num_threads(threads)
-    return model.eval()
-
-
 @pytest.mark.fhe
 def test_encrypted_inference_matches_plaintext_on_digits() -> None:
-    from polyfhe.export.ckks import export_ckks
+    from tests.fhe.ckks_testlib import accuracy, digits, encrypted_and_plain, train
 
-    data = load_digits()
-    x, y = data.x_train.astype(np.float32), data.y_train
-    xt, yt = data.x_test[:32].astype(np.float32), data.y_test[:32]
     torch.manual_seed(0)
     model = polyfhe.create_model("resmlp_poly", img_size=8, patch_size=2, dim=16, depth=2, expansion=2)
-    model = _train_on_digits(model, x, y)
-    with torch.no_grad():
-        plain = model(torch.tensor(xt)).numpy().astype(np.float64)
-    assert (plain.argmax(1) == yt).mean() > 0.8  # a trained decision, not chance
-
-    prog = export_ckks(model, calibration=x[:64], layout="single", input_shape=(1, 8, 8), backend="seal")
-    client = prog.client()
-    server = prog.server(client.public_context())
-    lanes = prog.manifest.samples_per_ciphertext
-    rows = xt[:max(16, lanes)]
-    enc = np.concatenate([client.decrypt(server.run(client.encrypt(rows[i:i + lanes])))
-                          for i in range(0, len(rows), lanes)])
-    err = float(np.abs(enc - plain[:len(rows)]).max())
-    log.info("resmlp digits: %d samples, max abs error %.3g (logits up to %.3g)", len(rows), err,
+    model = train(model, epochs=30, lr=0.01, batch_size=128)
+    _, _, x, y = digits()
+    assert accuracy(model, x[:32], y[:32]) > 0.8  # a trained decision, not chance
+    enc, plain = encrypted_and_plain(model, x)
+    err = float(np.abs(enc - plain).max())
+    log.info("resmlp digits: %d samples, max abs error %.3g (logits up to %.3g)", len(enc), err,
              np.abs(plain).max())
-    assert len(rows) >= 16
-    assert np.array_equal(enc.argmax(1), plain[:len(rows)].argmax(1))
+    assert len(enc) >= 16
+    assert np.array_equal(enc.argmax(1), plain.argmax(1))
     assert err < 1e-3 * max(1.0, float(np.abs(plain).max()))

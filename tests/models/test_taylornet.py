@@ -266,8 +266,7 @@ def test_analyzer_degree_of_taylor_mixer(depth: int, order: int) -> None:
 @pytest.mark.fhe
 @pytest.mark.parametrize("reducible", [False, True], ids=["taylornet", "rtaylornet"])
 def test_tiny_taylornet_encrypted_matches_plaintext(reducible: bool) -> None:
-    from polyfhe.export.ckks import export_ckks
-    from tests.fhe.ckks_testlib import accuracy, digits, train
+    from tests.fhe.ckks_testlib import accuracy, digits, encrypted_and_plain, train
 
     torch.manual_seed(0)
     model = train(build_taylornet(img_size=8, hidden_dims=(16,), order=2, rank=4,
@@ -275,18 +274,10 @@ def test_tiny_taylornet_encrypted_matches_plaintext(reducible: bool) -> None:
     _, _, x, y = digits()
     acc = accuracy(model, x, y)
     assert acc > 0.8  # a trained decision, not chance
-    prog = export_ckks(model, calibration=x[:64], layout="single", input_shape=(1, 8, 8), backend="seal")
-    client = prog.client()
-    server = prog.server(client.public_context())
-    lanes = prog.manifest.samples_per_ciphertext
-    xs = x[:max(16, lanes)]
-    enc = np.concatenate([client.decrypt(server.run(client.encrypt(xs[i:i + lanes])))
-                          for i in range(0, len(xs), lanes)])
-    with torch.no_grad():
-        plain = model(torch.tensor(xs, dtype=torch.float32)).double().numpy()
+    enc, plain = encrypted_and_plain(model, x)
     err = float(np.abs(enc - plain).max())
     log.info("tiny TaylorNet (reducible=%s) on CKKS: accuracy %.3f, %d samples, max abs error %.3g",
-             reducible, acc, len(xs), err)
-    assert len(xs) >= 16
+             reducible, acc, len(enc), err)
+    assert len(enc) >= 16
     assert np.array_equal(enc.argmax(1), plain.argmax(1))
     assert err < 1e-2 * max(1.0, float(np.abs(plain).max()))
