@@ -64,7 +64,8 @@ def fold(model: nn.Module, input_shape: tuple[int, ...] | None = None) -> nn.Mod
         dtype = param.dtype if param is not None else torch.float32
         shapes = _record_input_shapes(folded, torch.zeros((1, *shape), dtype=dtype))
     ctx = FoldContext(input_shapes=shapes)
-    folded = _rewrite(folded, ctx, "")
+    with torch.no_grad():  # weight math only: folded tensors must be leaves (deep-copyable, no autograd history)
+        folded = _rewrite(folded, ctx, "")
     for attr in ("input_shape", "num_classes", "model_name"):
         if hasattr(model, attr) and not hasattr(folded, attr):
             setattr(folded, attr, getattr(model, attr))

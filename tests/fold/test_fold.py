@@ -173,3 +173,15 @@ def test_resmlp_affine_folds_into_neighbouring_linears_and_alone() -> None:
         assert _rel_error(model(x), folded(x)) <= 1e-12
     assert not any(isinstance(m, Affine) for m in folded.modules())
     assert sum(isinstance(m, nn.Linear) for m in folded.modules()) == 2
+
+
+@pytest.mark.parametrize("name", ["cpolynext_fhe_bn", "monet_fhe_bn", "lpnn_bn", "taylor_mixer", "resmlp_poly"])
+def test_folded_model_of_a_trainable_model_has_no_autograd_history(name: str) -> None:
+    """Fold rules compute weights from parameters that require grad; the folded module must still deep-copy
+    (the exporters copy it) and hold only leaf tensors. A trained CPolyNeXt once kept its skip scales' history."""
+    model = polyfhe.create_model(name).train(False)
+    folded = polyfhe.fold(model)
+    for module in folded.modules():
+        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            assert tensor.grad_fn is None, f"{name}: {type(module).__name__} holds a non-leaf tensor"
+    copy.deepcopy(folded)
