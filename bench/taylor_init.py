@@ -7,8 +7,8 @@ of steps for every scheme, over ``--seeds`` seeds. Prints a table (test accuracy
 diverged runs) with the machine's details and writes ``results.md``, ``results.json`` and ``taylor_init.png``
 to ``--out``.
 
-    python bench/taylor_init.py --out /tmp/taylor_init                    # default: ~3 min on 2 CPU cores
-    python bench/taylor_init.py --model taylor_mixer --train 4000 --out /tmp/taylor_init_mixer
+    python bench/taylor_init.py --out runs/taylor_init                    # default: ~3 min on 2 CPU cores
+    python bench/taylor_init.py --model taylor_mixer --train 4000 --out runs/taylor_init_mixer
 
 A run counts as diverged when its loss becomes NaN/inf or exceeds ``--diverge-loss``; it stops there and its
 accuracy is left out of the mean (the table gives the count). Images are standardised with the training
