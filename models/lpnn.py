@@ -23,12 +23,13 @@ search corpora hold no full text), so this follows them and issue 17's descripti
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from polyfhe.models.configs import build_from_config, check_image_batch
 from polyfhe.models.layers.ladder import LADDER_NORMS, LadderLayer
 from polyfhe.models.registry import register_model
 
@@ -104,8 +105,7 @@ class LPNN(nn.Module):
         self.head = nn.Linear(cfg.widths[-1], cfg.num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.jit.is_tracing() and tuple(x.shape[1:]) != self.input_shape:
-            raise ValueError(f"{type(self).__name__} expects input (B, {self.input_shape}), got {tuple(x.shape)}")
+        check_image_batch(self, x)
         hs = [x.flatten(1)]
         for layer, src in zip(self.layers, self.sources):
             hs.append(layer(hs[-1], hs[src]))
@@ -128,11 +128,7 @@ def build_lpnn(base: LPNNConfig = LPNN_BN, **overrides: Any) -> LPNN:
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive int, got {depth!r}")
         fields["widths"] = (width,) * depth
-    unknown = set(fields) - set(LPNNConfig.__dataclass_fields__)
-    if unknown:
-        raise TypeError(f"unknown LPNN options {sorted(unknown)}; accepted: "
-                        f"{sorted([*LPNNConfig.__dataclass_fields__, 'depth', 'width'])}")
-    return LPNN(replace(base, **fields))
+    return build_from_config(LPNN, base, fields, "LPNN", also_accepted=("depth", "width"))
 
 
 def _build_lpnn_bn(**overrides: Any) -> LPNN:

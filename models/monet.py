@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from polyfhe.models.configs import build_from_config, check_image_batch
 from polyfhe.models.layers.mu_layer import PolyBlock, lecun_trunc_normal_
 from polyfhe.models.registry import register_model
 
@@ -101,8 +102,7 @@ class MONet(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens after the last stage, channels-first ``(B, C, h, w)``."""
-        if not torch.jit.is_tracing() and tuple(x.shape[1:]) != self.input_shape:
-            raise ValueError(f"{type(self).__name__} expects input (B, {self.input_shape}), got {tuple(x.shape)}")
+        check_image_batch(self, x)
         x = self.patch_embed(x)
         for i, stage in enumerate(self.stages):
             x = stage(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
@@ -126,11 +126,7 @@ _IMAGENET = {"num_classes": 1000, "img_size": 224, "in_chans": 3}
 
 def build_monet(base: MONetConfig, **overrides: Any) -> MONet:
     """Build a MONet from ``base`` with any :class:`MONetConfig` field overridden (lists become tuples)."""
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
-    unknown = set(fields) - set(MONetConfig.__dataclass_fields__)
-    if unknown:
-        raise TypeError(f"unknown MONet options {sorted(unknown)}; accepted: {sorted(MONetConfig.__dataclass_fields__)}")
-    return MONet(replace(base, **fields))
+    return build_from_config(MONet, base, overrides, "MONet")
 
 
 def _register(name: str, base: MONetConfig, norm: str, default_cfg: dict[str, Any], **spec: Any) -> None:

@@ -17,12 +17,13 @@ Choices of ours: ``b2`` starts at 1 and ``W2`` small, so each Hadamard product s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from polyfhe.models.configs import build_from_config, check_image_batch, check_positive_ints
 from polyfhe.models.layers.affine import Affine
 from polyfhe.models.registry import register_model
 
@@ -52,10 +53,8 @@ class ResMLPConfig:
     layer_scale_init: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("dim", "depth", "expansion", "patch_size", "img_size", "in_chans", "num_classes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ResMLPConfig.{name} must be a positive integer, got {value!r}")
+        check_positive_ints("ResMLPConfig", {name: getattr(self, name) for name in (
+            "dim", "depth", "expansion", "patch_size", "img_size", "in_chans", "num_classes")})
         if self.img_size % self.patch_size:
             raise ValueError(
                 f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}: the patch embedding "
@@ -153,8 +152,7 @@ class ResMLP(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens ``(B, N, D)`` after the last block (before the final Affine)."""
-        if not torch.jit.is_tracing() and tuple(x.shape[1:]) != self.input_shape:
-            raise ValueError(f"{type(self).__name__} expects input (B, {self.input_shape}), got {tuple(x.shape)}")
+        check_image_batch(self, x)
         x = self.patch_embed(x).flatten(2).transpose(1, 2)
         return self.blocks(x)
 
@@ -167,12 +165,7 @@ RESMLP_POLY = ResMLPConfig()
 
 def build_resmlp(base: ResMLPConfig = RESMLP_POLY, **overrides: Any) -> ResMLP:
     """Build a ResMLP from ``base`` with any :class:`ResMLPConfig` field overridden."""
-    unknown = set(overrides) - set(ResMLPConfig.__dataclass_fields__)
-    if unknown:
-        raise TypeError(
-            f"unknown ResMLP options {sorted(unknown)}; accepted: {sorted(ResMLPConfig.__dataclass_fields__)}"
-        )
-    return ResMLP(replace(base, **overrides))
+    return build_from_config(ResMLP, base, overrides, "ResMLP")
 
 
 @register_model(

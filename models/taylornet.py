@@ -9,6 +9,10 @@ Architecture", ICLR 2023 submission), issue 17.
   mean over tokens -> Linear head. The pre-norm is ResMLP's Affine (``alpha * x + beta``, no statistics) in place
   of the Mixer's LayerNorm, which is not polynomial. Degree ``K ** (2 * depth)``.
 
+No fold rule is needed: Taylor layers hold constant weights only, and the Mixer's Affines become exact
+``ConstantAffine`` maps by the generic rule (they cannot enter a token-mixing layer shared by all channels; the
+analyzer and compiler merge them with the adjacent projection anyway: 9 levels with or without them).
+
 Choices of ours (not fixed by the paper): the Linear heads keep torch's default initialisation (``init`` only
 selects the Taylor layers' scheme); the Taylor layers expand around 0; the Mixer has no layer-scale.
 """
@@ -16,12 +20,13 @@ selects the Taylor layers' scheme); the Taylor layers expand around 0; the Mixer
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from polyfhe.models.configs import build_from_config, check_image_batch, check_positive_ints
 from polyfhe.models.layers.affine import Affine
 from polyfhe.models.layers.taylor import TAYLOR_INITS, TaylorLayer
 from polyfhe.models.registry import register_model
@@ -29,14 +34,9 @@ from polyfhe.models.registry import register_model
 __all__ = ["TaylorMixer", "TaylorMixerBlock", "TaylorMixerConfig", "TaylorNet", "TaylorNetConfig",
            "build_taylor_mixer", "build_taylornet"]
 
-_POSITIVE_MSG = "{cls}.{name} must be a positive integer, got {value!r}"
-
 
 def _check_positive(cls: str, obj: Any, names: tuple[str, ...]) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(_POSITIVE_MSG.format(cls=cls, name=name, value=value))
+    check_positive_ints(cls, {name: getattr(obj, name) for name in names})
 
 
 def _check_init(cls: str, init: str) -> None:
@@ -94,8 +94,7 @@ class TaylorNet(nn.Module):
         self.head = nn.Linear(cfg.hidden_dims[-1], cfg.num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.jit.is_tracing() and tuple(x.shape[1:]) != self.input_shape:
-            raise ValueError(f"{type(self).__name__} expects input (B, {self.input_shape}), got {tuple(x.shape)}")
+        check_image_batch(self, x)
         return self.head(self.layers(x.flatten(1)))
 
 
@@ -168,19 +167,9 @@ class TaylorMixer(nn.Module):
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.jit.is_tracing() and tuple(x.shape[1:]) != self.input_shape:
-            raise ValueError(f"{type(self).__name__} expects input (B, {self.input_shape}), got {tuple(x.shape)}")
+        check_image_batch(self, x)
         x = self.blocks(self.patch_embed(x).flatten(2).transpose(1, 2))
         return self.head(self.norm(x).mean(dim=1))
-
-
-def _build(cls: type, cfg_cls: type, base: Any, overrides: dict[str, Any]) -> nn.Module:
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
-    unknown = set(fields) - set(cfg_cls.__dataclass_fields__)
-    if unknown:
-        raise TypeError(f"unknown {cls.__name__} options {sorted(unknown)}; "
-                        f"accepted: {sorted(cfg_cls.__dataclass_fields__)}")
-    return cls(replace(base, **fields))
 
 
 TAYLORNET = TaylorNetConfig()
@@ -190,12 +179,12 @@ TAYLOR_MIXER = TaylorMixerConfig()
 
 def build_taylornet(base: TaylorNetConfig = TAYLORNET, **overrides: Any) -> TaylorNet:
     """Build a TaylorNet from ``base`` with any :class:`TaylorNetConfig` field overridden."""
-    return _build(TaylorNet, TaylorNetConfig, base, overrides)
+    return build_from_config(TaylorNet, base, overrides, "TaylorNet")
 
 
 def build_taylor_mixer(base: TaylorMixerConfig = TAYLOR_MIXER, **overrides: Any) -> TaylorMixer:
     """Build a Taylor-Mixer from ``base`` with any :class:`TaylorMixerConfig` field overridden."""
-    return _build(TaylorMixer, TaylorMixerConfig, base, overrides)
+    return build_from_config(TaylorMixer, base, overrides, "TaylorMixer")
 
 
 _SMALL = {"num_classes": 10, "img_size": 28, "in_chans": 1}

@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from polyfhe.models.configs import check_positive_ints
+
 __all__ = ["TAYLOR_INITS", "TaylorLayer", "kron_features", "taylor_input_std", "taylor_layer_param_count"]
 
 TAYLOR_INITS = ("taylor", "xavier", "kaiming")
@@ -88,10 +90,8 @@ class TaylorLayer(nn.Module):
     def __init__(self, in_features: int, out_features: int, order: int, rank: int,
                  reducible: bool = False, init: str = "taylor") -> None:
         super().__init__()
-        for name, value in (("in_features", in_features), ("out_features", out_features),
-                            ("order", order), ("rank", rank)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"TaylorLayer {name} must be a positive integer, got {value!r}")
+        check_positive_ints("TaylorLayer", {"in_features": in_features, "out_features": out_features,
+                                             "order": order, "rank": rank})
         if init not in TAYLOR_INITS:
             raise ValueError(f"TaylorLayer init must be one of {', '.join(map(repr, TAYLOR_INITS))}, got {init!r}")
         self.in_features, self.out_features = in_features, out_features

@@ -5,7 +5,6 @@ from polyfhe.fold import lpnn as _lpnn  # noqa: F401  (registers the LPNN rules)
 from polyfhe.fold import monet as _monet  # noqa: F401  (registers the MONet rules)
 from polyfhe.fold import polynext as _polynext  # noqa: F401  (registers the PolyNeXt rules)
 from polyfhe.fold import resmlp as _resmlp  # noqa: F401  (registers the polynomial ResMLP rules)
-from polyfhe.fold import taylornet as _taylornet  # noqa: F401  (registers the TaylorNet rules)
 from polyfhe.fold.driver import fold
 from polyfhe.fold.rules import FoldError, register_fold_rule
 
