@@ -1,4 +1,4 @@
-"""Exporters behind one function: ``polyfhe.export(model, target="onnx" | "ckks", ...)``.
+"""Exporters behind one function: ``polyfhe.export(model, target="onnx" | "ckks" | "concrete", ...)``.
 
 Inside the code base import exporter modules directly (``from polyfhe.export.onnx import export_onnx``):
 ``polyfhe.export`` the attribute is this function, which shadows the subpackage.
@@ -31,7 +31,14 @@ def _ckks_target(model: Any, **kwargs: Any) -> Any:
     return export_ckks(model, **kwargs)
 
 
-EXPORT_TARGETS: dict[str, Callable[..., Any]] = {"onnx": _onnx_target, "ckks": _ckks_target}
+def _concrete_target(model: Any, **kwargs: Any) -> Any:
+    from polyfhe.concrete import export_concrete
+
+    return export_concrete(model, **kwargs)
+
+
+EXPORT_TARGETS: dict[str, Callable[..., Any]] = {"onnx": _onnx_target, "ckks": _ckks_target,
+                                                 "concrete": _concrete_target}
 
 
 def export(model: nn.Module, target: str = "onnx", **kwargs: Any) -> Any:

@@ -11,7 +11,7 @@ from polyfhe import __version__
 
 # Registry of subcommands, in the order ``polyfhe --help`` lists them.
 COMMANDS: tuple[str, ...] = ("demo", "train", "models", "check", "calibrate", "export", "run", "serve", "client",
-                             "cost")
+                             "cost", "setup")
 
 
 def build_parser() -> argparse.ArgumentParser:

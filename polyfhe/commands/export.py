@@ -44,8 +44,9 @@ def add_parser(subparsers: Any) -> None:
                               help="export a zoo model, checkpoint or ONNX file to ONNX or a CKKS program",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL_OR_ONNX", help="zoo name, checkpoint folder or .onnx file")
-    p.add_argument("--target", choices=("onnx", "ckks"), default="ckks",
-                   help="what to produce (default ckks)")
+    p.add_argument("--target", choices=("onnx", "ckks", "concrete"), default="ckks",
+                   help="what to produce (default ckks; concrete: a Concrete ML TFHE program, needs "
+                        "`polyfhe setup concrete` once)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
     p.add_argument("--layout", choices=("single", "batch"), default="single",
                    help="ckks: one sample per ciphertext (low latency) or one sample per slot (throughput)")
@@ -78,6 +79,16 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--checkpoint", type=Path, metavar="DIR",
                    help="load trained weights for the zoo model MODEL")
     add_ckks_parameter_arguments(p)
+    concrete = p.add_argument_group("concrete target (Concrete ML, TFHE)")
+    concrete.add_argument("--n-bits", type=positive_int, default=4, metavar="B",
+                          help="quantisation bits of op inputs and weights (default 4; TFHE accumulators stay "
+                               "within 16 bits)")
+    concrete.add_argument("--rounding-threshold-bits", type=positive_int, metavar="B",
+                          help="round accumulators to B bits before each table lookup (lets larger n_bits fit)")
+    concrete.add_argument("--p-error", type=float, metavar="P",
+                          help="error probability of one programmable bootstrap (Concrete ML's default if unset)")
+    concrete.add_argument("--concrete-env", type=Path, metavar="DIR",
+                          help="Concrete ML's environment (default: the one `polyfhe setup concrete` made)")
     add_threads_argument(p)
     p.set_defaults(func=run)
 
@@ -85,6 +96,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from polyfhe.concrete import ConcreteEnvMissing, ConcreteExportError
     from polyfhe.export.ckks import CKKSExportError
 
     console = Console(width=140)
@@ -99,10 +111,14 @@ def run(args: argparse.Namespace) -> int:
                           "level (train it with `polyfhe train` and pass the checkpoint folder)")
         if args.target == "onnx":
             return _export_onnx(console, model, name, shape, args.out)
+        if args.target == "concrete":
+            from polyfhe.commands.concrete_export import export_concrete_program
+
+            return export_concrete_program(console, model, name, shape, calibration, args)
         return _export_ckks(console, model, name, shape, calibration, args)
     except ExportInputError as exc:
         return _fail(str(exc), EXIT_BAD_INPUT)
-    except CKKSExportError as exc:
+    except (CKKSExportError, ConcreteExportError, ConcreteEnvMissing) as exc:
         return _fail(str(exc), EXIT_NOT_EXPORTABLE)
 
 

@@ -145,6 +145,10 @@ def run(args: argparse.Namespace) -> int:
     from polyfhe.fhe.program import ProgramError, load_program
 
     apply_threads(args)
+    from polyfhe.concrete.program import is_concrete_program
+
+    if is_concrete_program(args.program):
+        return _run_concrete(args)
     try:
         program = load_program(args.program)
         x = read_input(Path(args.input), program.manifest)
@@ -165,6 +169,29 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         _render(result)
+    return 0
+
+
+def _run_concrete(args: argparse.Namespace) -> int:
+    from polyfhe.commands.concrete_run import encrypted_run_concrete, render
+    from polyfhe.concrete import ConcreteEnvMissing, ConcreteProgramError, load_concrete_program
+
+    if args.keys is not None:
+        print("error: --keys restores CKKS key folders; a Concrete program makes its keys in a worker process",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        program = load_concrete_program(args.program)
+        x = read_input(Path(args.input), program.manifest)
+        result = encrypted_run_concrete(program, x)
+    except (ConcreteProgramError, RunInputError, ConcreteEnvMissing, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    result["input"] = str(args.input)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        render(result)
     return 0
 
 

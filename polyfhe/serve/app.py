@@ -1,7 +1,7 @@
 """``create_app(config)``: the FastAPI application of the encrypted-inference demo server.
 
 Routes: ``GET /`` (web page), ``GET /healthz``, ``GET /metrics``, ``GET /v1/models``,
-``GET /v1/models/{name}/manifest``, ``GET /v1/stats``, ``POST /v1/sessions?model=NAME`` (public context in),
+``GET /v1/models/{name}/manifest``, ``GET /v1/models/{name}/client.zip`` (Concrete ML models), ``GET /v1/stats``, ``POST /v1/sessions?model=NAME`` (public context in),
 ``POST /v1/sessions/{id}/infer`` (ciphertext in, ciphertext out), ``DELETE /v1/sessions/{id}``.
 Every refusal is JSON ``{"error": code, "detail": sentence, "status": n}``. Nothing here logs a body.
 """
@@ -195,6 +195,14 @@ def create_app(config: ServeConfig, registry: Registry | None = None) -> FastAPI
     async def manifest(name: str) -> dict:
         """What a client needs to make keys and pack inputs (parameters, slots, rotations); no weights."""
         return model_or_404(name).program.manifest.to_dict()
+
+    @app.get("/v1/models/{name}/client.zip")
+    async def client_zip(name: str) -> Response:
+        """A Concrete ML model's client specs and quantisers (public): what a client makes its keys from."""
+        entry = model_or_404(name)
+        if getattr(entry.program, "scheme", "ckks") != "concrete":
+            raise ApiError(404, "not_concrete", f"{name} is a CKKS model: its client needs only the manifest")
+        return Response((entry.program.directory / "client.zip").read_bytes(), media_type="application/zip")
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(request: Request, model: str | None = None) -> JSONResponse:

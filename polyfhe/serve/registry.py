@@ -1,4 +1,4 @@
-"""The programs a server offers: one verified CKKS program per subfolder, plus a cached model card each."""
+"""The programs a server offers: one verified CKKS or Concrete ML program per subfolder, plus a model card each."""
 
 from __future__ import annotations
 
@@ -66,11 +66,13 @@ class Model:
     observed_context_bytes: int | None = None  # size of the last public context accepted for it
 
     def describe(self) -> dict[str, Any]:
+        if getattr(self.program, "scheme", "ckks") == "concrete":
+            return self._describe_concrete()
         m, p = self.program.manifest, self.program.params
         info = m.info
         sizes = estimated_sizes(self.program)
         out = {
-            "name": self.name, "program_id": m.program_id, "model_name": info.get("model_name"),
+            "name": self.name, "scheme": "ckks", "program_id": m.program_id, "model_name": info.get("model_name"),
             "layout": m.layout, "input_shape": list(m.input_shape), "classes": m.output_size,
             "degree": info.get("degree"), "depth": m.depth, "levels": p.levels,
             "params": p.to_dict(), "params_text": p.describe(), "galois_keys": len(m.galois_steps),
@@ -87,6 +89,20 @@ class Model:
         if lanes is not None:
             out["samples_per_ciphertext"] = int(lanes)
         return out
+
+    def _describe_concrete(self) -> dict[str, Any]:
+        """A Concrete ML (TFHE) program's card: integers of a few bits, one sample per query, no CKKS ring."""
+        m = self.program.manifest
+        info = m.info
+        return {
+            "name": self.name, "scheme": "tfhe", "engine": f"concrete-ml {m.versions.get('concrete_ml', '?')}",
+            "program_id": m.program_id, "model_name": info.get("model_name"), "layout": m.layout,
+            "input_shape": list(m.input_shape), "classes": m.output_size, "degree": info.get("degree"),
+            "quantization": m.quantization, "n_bits": m.n_bits, "max_bit_width": info.get("max_bit_width"),
+            "params_text": f"TFHE via Concrete ML, {m.quantization} quantisation at n_bits={m.n_bits}",
+            "samples_per_ciphertext": 1, "key_sizes": {"observed_public_context_bytes": self.observed_context_bytes},
+            "accuracy": self.card.get("accuracy"), "dataset": self.card.get("dataset"), "card": self.card,
+        }
 
 
 class Registry:
@@ -117,9 +133,23 @@ class Registry:
             self.skipped[name] = "folder name must be 1-64 letters, digits, '.', '_' or '-'"
             log.warning("skipping program folder %r: %s", name, self.skipped[name])
             return
+        from polyfhe.concrete import (
+            ConcreteEnvMissing,
+            ConcreteProgramError,
+            find_env,
+            is_concrete_program,
+            load_concrete_program,
+        )
+
         try:
+            if is_concrete_program(folder):
+                find_env()  # its servers run in Concrete ML's environment: refuse at start-up, not per session
+                program = load_concrete_program(folder)
+                self.models[name] = Model(name, program, _read_card(folder))
+                log.info("serving model %s (Concrete ML program %s)", name, program.program_id)
+                return
             program = load_program(folder)
-        except ProgramError as exc:
+        except (ProgramError, ConcreteProgramError, ConcreteEnvMissing) as exc:
             self.skipped[name] = str(exc)
             log.warning("skipping program %s: %s", name, exc)
             return

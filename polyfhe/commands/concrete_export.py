@@ -1,0 +1,54 @@
+"""``polyfhe export MODEL --target concrete``: the Concrete ML half of the export command (compile and summarise)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["export_concrete_program", "summary_rows"]
+
+
+def export_concrete_program(console: Any, model: Any, name: str, shape: tuple[int, ...] | None,
+                            calibration: np.ndarray | None, args: argparse.Namespace) -> int:
+    from polyfhe.commands.export import ExportInputError
+    from polyfhe.concrete import export_concrete
+
+    if calibration is None:
+        raise ExportInputError("target concrete quantises on calibration data: pass --calibration (a dataset name "
+                               "or an .npy/.npz of inputs)")
+    program = export_concrete(model, calibration, n_bits=args.n_bits,
+                              rounding_threshold_bits=args.rounding_threshold_bits, p_error=args.p_error,
+                              input_shape=shape, quantization="post-training", env=args.concrete_env, out=args.out)
+    program.save(args.out)
+    from rich.table import Table
+
+    table = Table(title="Concrete ML program", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for key, value in summary_rows(program, name, args.out):
+        table.add_row(key, str(value))
+    console.print(table)
+    console.print(f"[green]saved[/] Concrete program to {args.out}; run it with "
+                  f"`polyfhe run {args.out} --input IMAGE.png|X.npy`")
+    return 0
+
+
+def summary_rows(program: Any, name: str, out: Path) -> list[tuple[str, Any]]:
+    m, info = program.manifest, program.manifest.info
+    disk = sum(f.stat().st_size for f in Path(out).iterdir() if f.is_file())
+    stats = info.get("statistics", {})
+    return [
+        ("model", name), ("program id", m.program_id), ("scheme", "TFHE (Concrete ML "
+                                                                  f"{m.versions.get('concrete_ml', '?')})"),
+        ("input shape", " x ".join(map(str, m.input_shape))), ("outputs", m.output_size),
+        ("quantisation", f"{m.quantization}, n_bits={m.n_bits}, rounding_threshold_bits="
+                         f"{m.rounding_threshold_bits}"),
+        ("largest integer", f"{info.get('max_bit_width', '-')} bits"),
+        ("programmable bootstraps", stats.get("programmable_bootstrap_count", "-")),
+        ("p_error / global", f"{info.get('p_error', '-')} / {info.get('global_p_error', '-')}"),
+        ("polynomial graph", f"{info.get('polynomial')} (degree {info.get('degree')})"),
+        ("compile time", f"{info.get('compile_seconds', 0):.1f} s"), ("program on disk", f"{disk / 1e6:.2f} MB"),
+    ]

@@ -1,0 +1,157 @@
+"""The process boundary to Concrete ML: one worker process per role, framed requests, crashes contained.
+
+A worker runs ``worker_main.py`` with the isolated environment's interpreter (``python -I``: nothing from
+polyfhe's side is importable there). Every call sends a JSON header and raw blobs and gets the same back. When the
+worker raises, :class:`ConcreteCallError` carries its type and message; when it dies (Concrete's native code can
+abort on bytes it cannot parse), :class:`ConcreteWorkerDied` says so with the end of its stderr, and the caller's
+process is untouched: the next call starts a fresh worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import subprocess
+import tempfile
+import threading
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from polyfhe.concrete.env import ConcreteEnv, find_env
+
+__all__ = ["ConcreteCallError", "ConcreteWorkerDied", "Worker", "array_blob", "blob_array"]
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"PFCW"
+MAX_HEADER = 1 << 20
+MAX_REPLY_BYTES = 8 << 30  # a reply is keys or ciphertexts: bounded even though the worker is our own
+WORKER_SCRIPT = Path(__file__).with_name("worker_main.py")
+
+
+class ConcreteCallError(RuntimeError):
+    """The worker raised; ``error`` is the exception type inside Concrete ML, ``bad_input`` marks bytes it
+    refused (keys or ciphertexts from outside)."""
+
+    def __init__(self, error: str, message: str, bad_input: bool = False) -> None:
+        super().__init__(f"{error}: {message}")
+        self.error, self.message, self.bad_input = error, message, bad_input
+
+
+class ConcreteWorkerDied(RuntimeError):
+    """The worker process ended while it served a call."""
+
+
+def array_blob(x: np.ndarray) -> tuple[list[int], bytes]:
+    arr = np.ascontiguousarray(x, dtype="<f8")
+    return list(arr.shape), arr.tobytes()
+
+
+def blob_array(blob: bytes, shape: list[int]) -> np.ndarray:
+    return np.frombuffer(blob, dtype="<f8").reshape([int(s) for s in shape]).copy()
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+class Worker:
+    """One worker process; ``call`` is serialised by a lock (a worker serves one request at a time)."""
+
+    def __init__(self, role: str, env: ConcreteEnv | None = None, threads: int | None = None) -> None:
+        self.role = role
+        self.env = env or find_env()
+        self.threads = threads
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._stderr = None
+        self.restarts = 0
+
+    def _start(self) -> subprocess.Popen:
+        self._stderr = tempfile.TemporaryFile()
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        if self.threads:
+            environ.update(OMP_NUM_THREADS=str(self.threads), RAYON_NUM_THREADS=str(self.threads))
+        proc = subprocess.Popen([str(self.env.python), "-I", str(WORKER_SCRIPT)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=self._stderr, env=environ)
+        weakref.finalize(self, _terminate, proc)
+        log.debug("started Concrete ML %s worker (pid %d)", self.role, proc.pid)
+        return proc
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0, os.SEEK_END)
+        size = self._stderr.tell()
+        self._stderr.seek(max(0, size - limit))
+        return self._stderr.read().decode(errors="replace")
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def call(self, command: str, header: dict | None = None, blobs: tuple[bytes, ...] | list = ()) -> tuple[dict, list]:
+        """Send one request and wait for its reply."""
+        with self._lock:
+            if not self.alive:
+                if self._proc is not None:
+                    self.restarts += 1
+                self._proc = self._start()
+            proc = self._proc
+            try:
+                self._send(proc, {**(header or {}), "command": command}, blobs)
+                reply, out = self._receive(proc)
+            except (BrokenPipeError, EOFError, OSError) as exc:
+                code = proc.wait(timeout=60) if proc.poll() is None else proc.returncode
+                raise ConcreteWorkerDied(f"the Concrete ML {self.role} worker ended during {command!r} "
+                                         f"(exit code {code}); its last words: {self.stderr_tail()[-800:]}") from exc
+        if not reply.get("ok"):
+            raise ConcreteCallError(str(reply.get("error")), str(reply.get("message")),
+                                    bool(reply.get("bad_input")))
+        return reply, out
+
+    @staticmethod
+    def _send(proc: subprocess.Popen, header: dict, blobs) -> None:
+        header = dict(header, blobs=[len(b) for b in blobs])
+        raw = json.dumps(header).encode()
+        stream = proc.stdin
+        stream.write(MAGIC + struct.pack("<I", len(raw)) + raw)
+        for blob in blobs:
+            stream.write(blob)
+        stream.flush()
+
+    @staticmethod
+    def _receive(proc: subprocess.Popen) -> tuple[dict, list[bytes]]:
+        stream = proc.stdout
+
+        def exact(n: int) -> bytes:
+            data = stream.read(n)
+            if data is None or len(data) != n:
+                raise EOFError
+            return data
+
+        head = exact(8)
+        (size,) = struct.unpack("<I", head[4:])
+        if head[:4] != MAGIC or size > MAX_HEADER:
+            raise EOFError
+        header = json.loads(exact(size))
+        lengths = [int(n) for n in header.get("blobs", [])]
+        if sum(lengths) > MAX_REPLY_BYTES:
+            raise EOFError
+        return header, [exact(n) for n in lengths]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._proc is not None:
+                try:
+                    self._proc.stdin.close()
+                    self._proc.wait(timeout=30)
+                except (OSError, subprocess.TimeoutExpired):
+                    _terminate(self._proc)
+                self._proc = None

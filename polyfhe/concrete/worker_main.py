@@ -1,0 +1,209 @@
+"""The process that runs inside Concrete ML's environment (started by :mod:`polyfhe.concrete.worker`).
+
+It imports Concrete ML, never polyfhe (which is not installed there). It reads framed requests on stdin and writes
+framed replies on stdout: ``MAGIC`` | uint32 header length | JSON header | blobs, the header listing each blob's
+length. Arrays travel as raw little-endian float64 with their shape in the header: nothing is pickled. Anything
+Concrete ML prints goes to stderr, so stdout carries only frames. One worker serves one role: a compiler, one
+client (its keys never leave this process's memory) or one server (one client's evaluation keys).
+"""
+
+import json
+import os
+import struct
+import sys
+import time
+import traceback
+
+MAGIC = b"PFCW"
+MAX_HEADER = 1 << 20
+
+
+def read_exact(stream, n):
+    chunks, left = [], n
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(stream):
+    head = read_exact(stream, 8)
+    if head[:4] != MAGIC:
+        raise ValueError("bad frame magic")
+    (size,) = struct.unpack("<I", head[4:])
+    if size > MAX_HEADER:
+        raise ValueError("frame header too large")
+    header = json.loads(read_exact(stream, size))
+    blobs = [read_exact(stream, int(n)) for n in header.get("blobs", [])]
+    return header, blobs
+
+
+def write_frame(stream, header, blobs=()):
+    header = dict(header, blobs=[len(b) for b in blobs])
+    raw = json.dumps(header).encode()
+    stream.write(MAGIC + struct.pack("<I", len(raw)) + raw)
+    for blob in blobs:
+        stream.write(blob)
+    stream.flush()
+
+
+def to_array(blob, shape):
+    import numpy
+
+    return numpy.frombuffer(blob, dtype="<f8").reshape(shape).copy()
+
+
+def from_array(arr):
+    import numpy
+
+    arr = numpy.ascontiguousarray(arr, dtype="<f8")
+    return {"shape": list(arr.shape)}, arr.tobytes()
+
+
+class BadInput(Exception):
+    """Bytes from outside that Concrete refused: the parent turns this into its own input error."""
+
+
+STATE = {}
+
+
+def cmd_ping(header, blobs):
+    import concrete.fhe
+    import concrete.ml
+    import torch
+
+    return {"concrete_ml": concrete.ml.__version__, "concrete_python": concrete.fhe.__version__,
+            "torch": torch.__version__, "python": sys.version.split()[0]}, []
+
+
+def cmd_compile(header, blobs):
+    import onnx
+    from concrete.ml.deployment import FHEModelDev
+    from concrete.ml.torch.compile import compile_onnx_model
+
+    model = onnx.load_from_string(blobs[0])
+    inputset = to_array(blobs[1], header["inputset_shape"]).astype("float32")
+    t0 = time.perf_counter()
+    qm = compile_onnx_model(model, inputset, n_bits=header["n_bits"],
+                            rounding_threshold_bits=header.get("rounding_threshold_bits"),
+                            p_error=header.get("p_error"), global_p_error=header.get("global_p_error"))
+    seconds = time.perf_counter() - t0
+    FHEModelDev(header["out"], qm).save()
+    circuit = qm.fhe_circuit
+    stats = {}
+    for key in ("programmable_bootstrap_count", "key_switch_count", "packing_key_switch_count",
+                "clear_addition_count", "encrypted_addition_count", "clear_multiplication_count",
+                "encrypted_negation_count", "complexity"):
+        try:
+            value = getattr(circuit, key)
+            stats[key] = int(value) if not isinstance(value, dict) else None
+        except Exception:  # counters differ between Concrete versions: report what this one has
+            continue
+    reply = {"compile_seconds": seconds, "max_bit_width": int(circuit.graph.maximum_integer_bit_width()),
+             "p_error": float(circuit.p_error), "global_p_error": float(circuit.global_p_error),
+             "statistics": {k: v for k, v in stats.items() if v is not None}}
+    out = []
+    if len(blobs) > 2:
+        x = to_array(blobs[2], header["eval_shape"]).astype("float32")
+        for mode in ("disable", "simulate"):
+            t0 = time.perf_counter()
+            meta, blob = from_array(qm.forward(x, fhe=mode))
+            reply[f"{mode}_shape"] = meta["shape"]
+            reply[f"{mode}_seconds"] = time.perf_counter() - t0
+            out.append(blob)
+    return reply, out
+
+
+def cmd_client_open(header, blobs):
+    from concrete.ml.deployment import FHEModelClient
+
+    STATE["client"] = FHEModelClient(header["dir"])  # no key_dir: the keys stay in this process's memory
+    return {}, []
+
+
+def cmd_keygen(header, blobs):
+    client = STATE["client"]
+    t0 = time.perf_counter()
+    client.generate_private_and_evaluation_keys(force=True)
+    keys = client.get_serialized_evaluation_keys()
+    return {"seconds": time.perf_counter() - t0}, [keys]
+
+
+def cmd_encrypt(header, blobs):
+    x = to_array(blobs[0], header["shape"])
+    return {}, [STATE["client"].quantize_encrypt_serialize(x)]
+
+
+def cmd_decrypt(header, blobs):
+    try:
+        y = STATE["client"].deserialize_decrypt_dequantize(blobs[0])
+    except Exception as exc:
+        raise BadInput(f"{type(exc).__name__}: {exc}") from exc
+    meta, blob = from_array(y)
+    return meta, [blob]
+
+
+def cmd_server_open(header, blobs):
+    from concrete.ml.deployment import FHEModelServer
+
+    STATE["server"] = FHEModelServer(header["dir"])
+    return {}, []
+
+
+def cmd_server_keys(header, blobs):
+    from concrete import fhe
+
+    try:
+        STATE["keys"] = fhe.EvaluationKeys.deserialize(blobs[0])
+    except Exception as exc:
+        raise BadInput(f"evaluation keys: {type(exc).__name__}: {exc}") from exc
+    return {}, []
+
+
+def cmd_server_run(header, blobs):
+    from concrete.ml.deployment.fhe_client_server import deserialize_encrypted_values, serialize_encrypted_values
+
+    try:
+        value = deserialize_encrypted_values(blobs[0])
+    except Exception as exc:
+        raise BadInput(f"ciphertext: {type(exc).__name__}: {exc}") from exc
+    t0 = time.perf_counter()
+    try:
+        values = value if isinstance(value, tuple) else (value,)
+        result = STATE["server"].server.run(*values, evaluation_keys=STATE["keys"])
+    except (RuntimeError, ValueError) as exc:  # a value of the wrong type or shape for this circuit
+        raise BadInput(f"ciphertext: {type(exc).__name__}: {exc}") from exc
+    return {"seconds": time.perf_counter() - t0}, [serialize_encrypted_values(*(result if isinstance(result, tuple) else (result,)))]
+
+
+COMMANDS = {name[4:]: fn for name, fn in globals().items() if name.startswith("cmd_")}
+
+
+def main():
+    protocol = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # whatever Concrete ML prints lands on stderr, never inside a frame
+    sys.stdout = sys.stderr
+    requests = sys.stdin.buffer
+    while True:
+        try:
+            header, blobs = read_frame(requests)
+        except EOFError:
+            return
+        command = COMMANDS.get(header.get("command"))
+        try:
+            if command is None:
+                raise ValueError(f"unknown command {header.get('command')!r}")
+            reply, out = command(header, blobs)
+            write_frame(protocol, {"ok": True, **reply}, out)
+        except BadInput as exc:
+            write_frame(protocol, {"ok": False, "bad_input": True, "error": "BadInput", "message": str(exc)})
+        except Exception as exc:  # reported to the parent with its type; the worker stays up
+            write_frame(protocol, {"ok": False, "error": type(exc).__name__, "message": str(exc)[:4000],
+                                   "trace": traceback.format_exc()[-4000:]})
+
+
+if __name__ == "__main__":
+    main()
