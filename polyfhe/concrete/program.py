@@ -115,6 +115,9 @@ class ConcreteProgram:
 
     def __init__(self, manifest: ConcreteManifest, directory: Path, owned: tempfile.TemporaryDirectory | None = None):
         self.manifest, self.directory, self._owned = manifest, Path(directory), owned
+        # set by export when it had eval_data: per-sample logits of the quantised model in the clear and of
+        # Concrete's FHE simulation (kept in memory only, for checks and benchmarks)
+        self.evaluation: dict[str, np.ndarray] = {}
 
     @classmethod
     def create(cls, directory: Path, input_shape: tuple[int, ...], output_size: int, settings: dict,
@@ -280,6 +283,8 @@ class ConcreteServer:
         _check_identity(box.header, self.program.manifest, "ciphertext")
         if list(box.sections) != ["ct0"] or box.header.get("count") != 1 or box.header.get("samples") != 1:
             raise WireError("a Concrete query holds exactly one ciphertext of one sample")
+        if not self._worker.alive:  # ended since the last query (killed, or died on one): bring it back first
+            self._open()
         t0 = time.perf_counter()
         try:
             reply, (out,) = self._worker.call("server_run", {}, [bytes(box.sections["ct0"])])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import struct
 import subprocess
 import tempfile
@@ -55,10 +56,12 @@ def blob_array(blob: bytes, shape: list[int]) -> np.ndarray:
     return np.frombuffer(blob, dtype="<f8").reshape([int(s) for s in shape]).copy()
 
 
-def _terminate(proc: subprocess.Popen) -> None:
+def _terminate(proc: subprocess.Popen, workdir: str | None = None) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.wait(timeout=30)
+    if workdir is not None:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 class Worker:
@@ -78,9 +81,11 @@ class Worker:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         if self.threads:
             environ.update(OMP_NUM_THREADS=str(self.threads), RAYON_NUM_THREADS=str(self.threads))
+        # its own working folder: Concrete ML writes debugging artifacts (.artifacts/) into the current one
+        workdir = tempfile.mkdtemp(prefix="polyfhe-concrete-")
         proc = subprocess.Popen([str(self.env.python), "-I", str(WORKER_SCRIPT)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=self._stderr, env=environ)
-        weakref.finalize(self, _terminate, proc)
+                                stdout=subprocess.PIPE, stderr=self._stderr, env=environ, cwd=workdir)
+        weakref.finalize(self, _terminate, proc, workdir)
         log.debug("started Concrete ML %s worker (pid %d)", self.role, proc.pid)
         return proc
 

@@ -11,6 +11,7 @@ import json
 import os
 import struct
 import sys
+import tempfile
 import time
 import traceback
 
@@ -91,7 +92,11 @@ def cmd_compile(header, blobs):
                             rounding_threshold_bits=header.get("rounding_threshold_bits"),
                             p_error=header.get("p_error"), global_p_error=header.get("global_p_error"))
     seconds = time.perf_counter() - t0
-    FHEModelDev(header["out"], qm).save()
+    staging = tempfile.mkdtemp(dir=header["out"])  # Concrete ML saves only into an empty folder
+    FHEModelDev(staging, qm).save()
+    for name in os.listdir(staging):
+        os.replace(os.path.join(staging, name), os.path.join(header["out"], name))
+    os.rmdir(staging)
     circuit = qm.fhe_circuit
     stats = {}
     for key in ("programmable_bootstrap_count", "key_switch_count", "packing_key_switch_count",

@@ -1,0 +1,147 @@
+"""Concrete ML's boundary without Concrete ML: environment checks, the worker protocol, program files, and the
+byte checks a server makes before any Concrete parser sees a byte. These run in the default test run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from polyfhe.concrete import ConcreteEnvMissing, ConcreteProgram, ConcreteProgramError, find_env, load_concrete_program
+from polyfhe.concrete.env import ConcreteEnv
+from polyfhe.concrete.program import ConcreteServer
+from polyfhe.concrete.worker import ConcreteCallError, ConcreteWorkerDied, Worker
+from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, WireError, pack
+
+
+def test_missing_environment_names_the_command(tmp_path):
+    with pytest.raises(ConcreteEnvMissing, match=r"polyfhe setup concrete --path .*does-not-exist|does not exist"):
+        find_env(tmp_path / "does-not-exist")
+    half = tmp_path / "half"
+    (half / "bin").mkdir(parents=True)
+    (half / "bin" / "python").write_text("")
+    with pytest.raises(ConcreteEnvMissing, match="not complete") as exc:
+        find_env(half)
+    assert f"polyfhe setup concrete --path {half}" in str(exc.value)
+
+
+def test_export_without_environment_fails_before_compiling(tmp_path, monkeypatch):
+    import torch
+    from torch import nn
+
+    import polyfhe
+
+    monkeypatch.setenv("POLYFHE_CONCRETE_ENV", str(tmp_path / "nowhere"))
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+    with pytest.raises(ConcreteEnvMissing, match="polyfhe setup concrete"):
+        polyfhe.export(model, target="concrete", calibration=torch.rand(8, 1, 2, 2).numpy())
+
+
+def _own_python_worker() -> Worker:
+    """A worker started with polyfhe's own interpreter: the protocol works, Concrete ML is not importable there."""
+    return Worker("test", ConcreteEnv(Path(sys.prefix)))
+
+
+def test_worker_protocol_errors_and_isolation():
+    worker = _own_python_worker()
+    try:
+        with pytest.raises(ConcreteCallError, match="unknown command 'nope'"):
+            worker.call("nope")
+        with pytest.raises(ConcreteCallError) as exc:
+            worker.call("ping")  # imports concrete.ml: absent from polyfhe's environment, as it must be
+        assert exc.value.error == "ModuleNotFoundError" and not exc.value.bad_input
+        assert worker.alive  # an exception in a command leaves the worker serving
+    finally:
+        worker.close()
+
+
+def test_worker_death_is_reported_and_the_next_call_restarts_it(tmp_path):
+    worker = _own_python_worker()
+    try:
+        with pytest.raises(ConcreteCallError):
+            worker.call("nope")
+        worker._proc.kill()
+        worker._proc.wait()
+        with pytest.raises(ConcreteCallError, match="unknown command"):
+            worker.call("nope")  # a dead worker between calls is restarted
+        assert worker.restarts == 1
+    finally:
+        worker.close()
+    # a worker that dies while it serves a call (here: at once, exit code 3) is reported, not hung on
+    dying = tmp_path / "dying"
+    (dying / "bin").mkdir(parents=True)
+    script = dying / "bin" / "python"
+    script.write_text("#!/bin/sh\necho 'native abort' >&2\nexit 3\n")
+    script.chmod(0o755)
+    with pytest.raises(ConcreteWorkerDied, match="exit code 3.*native abort"):
+        Worker("test", ConcreteEnv(dying)).call("nope", {}, [b"x" * (1 << 20)])
+
+
+def _fake_program(folder: Path) -> ConcreteProgram:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("client.zip", "server.zip", "model.onnx"):
+        (folder / name).write_bytes(name.encode() * 10)
+    return ConcreteProgram.create(folder, (1, 1, 8, 8), 10, {"n_bits": 4, "rounding_threshold_bits": 6,
+                                                             "p_error": None}, "post-training",
+                                  {"concrete_ml": "1.9.0"}, {"model_name": "fake"})
+
+
+def test_program_files_are_verified(tmp_path):
+    program = _fake_program(tmp_path / "src")
+    saved = program.save(tmp_path / "saved")
+    loaded = load_concrete_program(saved)
+    assert loaded.program_id == program.program_id and loaded.manifest.input_size == 64
+    (saved / "server.zip").write_bytes(b"changed")
+    with pytest.raises(ConcreteProgramError, match="server.zip does not match"):
+        load_concrete_program(saved)
+    saved = program.save(tmp_path / "again")
+    manifest = json.loads((saved / "manifest.json").read_text())
+    manifest["n_bits"] = 8
+    (saved / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConcreteProgramError, match="program id mismatch"):
+        load_concrete_program(saved)
+    (saved / "client.zip").unlink()
+    with pytest.raises(ConcreteProgramError, match="client.zip is missing"):
+        load_concrete_program(saved)
+
+
+@pytest.mark.parametrize("case", ["secret", "other_program", "extra_section", "oversized", "ciphertext_kind"])
+def test_server_refuses_bad_public_keys_before_concrete_parses_them(tmp_path, monkeypatch, case):
+    monkeypatch.setenv("POLYFHE_CONCRETE_ENV", str(tmp_path / "nowhere"))  # a worker would fail: never reached
+    program = _fake_program(tmp_path / "p")
+    ident = program.manifest.identity()
+    body = {
+        "secret": pack(KIND_SECRET, ident, {"secret_key": b"k"}),
+        "other_program": pack(KIND_CONTEXT, {**ident, "program_id": "0" * 24}, {"evaluation_keys": b"k"}),
+        "extra_section": pack(KIND_CONTEXT, ident, {"evaluation_keys": b"k", "public_key": b"p"}),
+        "oversized": pack(KIND_CONTEXT, ident, {"evaluation_keys": b"k" * 4096}),
+        "ciphertext_kind": pack(KIND_CIPHERTEXT, ident, {"ct0": b"c"}),
+    }[case]
+    with pytest.raises(WireError):
+        ConcreteServer(program, body, max_context_bytes=1024)
+
+
+def test_inputs_of_the_wrong_size_are_refused_by_the_client(tmp_path):
+    from polyfhe.concrete.program import ConcreteClient
+
+    client = ConcreteClient.__new__(ConcreteClient)  # no worker: the check comes first
+    client.program = _fake_program(tmp_path / "p")
+    with pytest.raises(ValueError, match="one sample of shape"):
+        client.encrypt(np.zeros((2, 1, 8, 8)))
+    with pytest.raises(ValueError, match="NaN"):
+        client.encrypt(np.full((1, 8, 8), np.nan))
+
+
+def test_concrete_refusals_name_the_node_and_the_knob():
+    from polyfhe.concrete.export import _explain
+
+    settings = {"n_bits": 12, "rounding_threshold_bits": None, "p_error": None}
+    wide = ("Function you are trying to compile cannot be compiled\n%3 = matmul(%1, %2)  # EncryptedTensor<int28> "
+            "@ /1/Gemm.matmul   \n^^^^^^^^^^ this 28-bit value is used as an input to a table lookup\n")
+    text = _explain(ConcreteCallError("RuntimeError", wide), settings)
+    assert "node /1/Gemm produces a 28-bit value" in text and "rounding_threshold_bits (now None" in text
+    text = _explain(ConcreteCallError("NoParametersFound", "no parameters"), settings)
+    assert "lower n_bits (now 12)" in text and "raise p_error" in text
