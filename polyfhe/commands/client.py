@@ -122,9 +122,12 @@ def _session(api: Any, model: str, manifest: Any, keydir: Any) -> Any:
         from polyfhe.fhe.backends import client_for
 
         with progress_bar(1, "making keys", unit="key set") as bar:
-            keys = client_for(manifest)
+            concrete = getattr(manifest, "scheme", "ckks") == "concrete"
+            keys = api.concrete_client(model, manifest) if concrete else client_for(manifest)
             bar.update(1)
         return api.open_session(model, keys=keys, progress=upload)
+    if getattr(manifest, "scheme", "ckks") == "concrete":
+        raise _BadInput("--keys folders hold CKKS keys; a Concrete ML model makes its keys for each run")
     keys = keydir.load(manifest, f"model {model} at {api.url}")
     return api.keyed_session(model, keys, keydir.session_id(api.url, model), progress=upload,
                              on_open=lambda sid: keydir.remember_session(api.url, model, sid))
@@ -159,7 +162,9 @@ def _render_head(head: dict, manifest: Any) -> None:
     from polyfhe.commands.progress import echo
 
     s = head["session"]
-    echo(f"model {head['model']} (program {head['program_id']}) at {head['server']}: {manifest.params.describe()}")
+    scheme = (f"TFHE via Concrete ML, {manifest.quantization} quantisation at n_bits={manifest.n_bits}"
+              if getattr(manifest, "scheme", "ckks") == "concrete" else manifest.params.describe())
+    echo(f"model {head['model']} (program {head['program_id']}) at {head['server']}: {scheme}")
     keys = (f"keys made here in {s['keygen_s']:.2f} s" if head["keys"] is None
             else f"keys restored from {head['keys']} in {s['keygen_s']:.2f} s")
     if s["resumed"]:

@@ -210,6 +210,10 @@ class ConcreteClient:
         self.keygen_seconds = time.perf_counter() - t0
         self._public = pack(KIND_CONTEXT, program.manifest.identity(), {"evaluation_keys": keys})
 
+    @property
+    def manifest(self) -> ConcreteManifest:
+        return self.program.manifest
+
     def public_context(self) -> bytes:
         """The evaluation keys for a server, in a polyfhe container (no secret key inside)."""
         return self._public

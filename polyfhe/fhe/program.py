@@ -211,8 +211,13 @@ class CKKSProgram:
 
 
 def load_program(directory: str | Path) -> CKKSProgram:
-    """Load and verify a program saved by :meth:`CKKSProgram.save`."""
+    """Load and verify a program saved by :meth:`CKKSProgram.save` (or a Concrete ML program's ``save``: then a
+    :class:`~polyfhe.concrete.program.ConcreteProgram`)."""
     root = Path(directory)
+    from polyfhe.concrete.program import is_concrete_program, load_concrete_program
+
+    if is_concrete_program(root):
+        return load_concrete_program(root)
     manifest_path, arrays_path = root / "manifest.json", root / "arrays.npz"
     for p in (manifest_path, arrays_path):
         if not p.is_file():

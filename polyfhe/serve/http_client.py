@@ -8,7 +8,8 @@
 its keys opened while the server still holds it, and uploads the same public context again only when not.
 
 The client makes its keys from the model's manifest (``GET /v1/models/NAME/manifest``) and refuses a
-manifest whose CKKS parameters are below 128-bit security, since a server could otherwise weaken them.
+manifest whose CKKS parameters are below 128-bit security, since a server could otherwise weaken them. A Concrete
+ML model's keys come from its ``client.zip`` (``GET /v1/models/NAME/client.zip``), checked against the manifest.
 """
 
 from __future__ import annotations
@@ -153,8 +154,17 @@ class ServeClient:
     def models(self) -> list[dict]:
         return self.request("GET", "/v1/models").json()["models"]
 
-    def manifest(self, model: str, allow_insecure: bool = False) -> ProgramManifest:
+    def manifest(self, model: str, allow_insecure: bool = False) -> Any:
+        """The model's manifest: a CKKS :class:`ProgramManifest` (checked for 128-bit parameters) or a
+        Concrete ML one (its security is Concrete's own 128-bit default, fixed when it compiled)."""
         raw = self.request("GET", f"/v1/models/{model}/manifest").json()
+        if isinstance(raw, dict) and raw.get("format", "").startswith("polyfhe-concrete/"):
+            from polyfhe.concrete.program import ConcreteManifest, ConcreteProgramError
+
+            try:
+                return ConcreteManifest.from_dict(raw)
+            except ConcreteProgramError as exc:
+                raise ServeError(0, "bad_manifest", f"the server sent an unusable manifest: {exc}") from exc
         try:
             manifest = ProgramManifest.from_dict(raw)
         except ProgramError as exc:
@@ -170,7 +180,9 @@ class ServeClient:
         from polyfhe.fhe.backends import client_for
 
         if keys is None:
-            keys = client_for(self.manifest(model, allow_insecure))
+            manifest = self.manifest(model, allow_insecure)
+            keys = self.concrete_client(model, manifest) if getattr(manifest, "scheme", "ckks") == "concrete" \
+                else client_for(manifest)
         context = keys.public_context()
         t0 = time.perf_counter()
         info = self.request("POST", "/v1/sessions", params={"model": model}, content=context,
@@ -178,6 +190,21 @@ class ServeClient:
         upload_s = time.perf_counter() - t0
         log.info("session for model %s opened: %d bytes of public keys in %.2f s", model, len(context), upload_s)
         return RemoteSession(self, str(info["session_id"]), model, keys, len(context), upload_s, info)
+
+    def concrete_client(self, model: str, manifest: Any) -> Any:
+        """Keys for a Concrete ML model, made from its ``client.zip`` (checked against the manifest's hash)."""
+        import hashlib
+        import tempfile
+        from pathlib import Path
+
+        from polyfhe.concrete.program import ConcreteClient, ConcreteProgram
+
+        data = self.request("GET", f"/v1/models/{model}/client.zip").content
+        if hashlib.sha256(data).hexdigest() != manifest.files.get("client.zip"):
+            raise ServeError(0, "bad_client_zip", f"the client.zip of {model} does not match its manifest")
+        folder = tempfile.TemporaryDirectory(prefix="polyfhe-concrete-client-")
+        (Path(folder.name) / "client.zip").write_bytes(data)
+        return ConcreteClient(ConcreteProgram(manifest, Path(folder.name), owned=folder))
 
     def keyed_session(self, model: str, keys: Any, session_id: str | None = None,
                       on_open: Callable[[str], None] | None = None, progress: Progress | None = None) -> RemoteSession:

@@ -144,9 +144,10 @@ def test_cli_export_and_run(mlp, tmp_path, capsys):
     assert result["sizes"]["public_context"] > 1e6
 
 
-def test_demo_server_serves_concrete_beside_ckks(program, pair, tmp_path):
+def test_demo_server_serves_concrete_beside_ckks(program, pair, tmp_path, capsys):
     import httpx
 
+    from polyfhe import load_program as polyfhe_load
     from tests.fhe.ckks_testlib import export_square_mlp
     from tests.serve.serve_testlib import start_server
 
@@ -170,5 +171,14 @@ def test_demo_server_serves_concrete_beside_ckks(program, pair, tmp_path):
         bad = httpx.post(f"{server.url}/v1/sessions/{sid}/infer", content=b"PFHE01Cjunk", timeout=60)
         assert bad.status_code == 400
         assert httpx.get(f"{server.url}/healthz").status_code == 200
+        # the command-line client: keys from the served client.zip, one request per sample, the same answer
+        from polyfhe.cli import main
+
+        np.save(tmp_path / "x.npy", xt[2])
+        assert main(["client", "infer", "--server", server.url, "--model", "tfhe-mlp", "--json",
+                     str(tmp_path / "x.npy")]) == 0
+        row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        np.testing.assert_allclose(row["logits"], program.evaluation["quantized"][2], atol=1e-6)
+        assert polyfhe_load(root / "tfhe-mlp").program_id == program.program_id
     finally:
         server.stop()
