@@ -29,8 +29,8 @@ QUANTIZATION_MODES = ("auto", "post-training", "quantization-aware")
 DEFAULT_N_BITS = 4
 MAX_CALIBRATION = 1024
 CONCRETE_OPSET = 14  # Concrete ML 1.9 refuses any other
-# a gentle step: at 1e-3 the digits MLP fitted polyfhe's fake-quant grid (73% -> 80%) but lost under Concrete's own
-# (80% -> 70%); at 1e-4 Concrete's quantised accuracy rose 80% -> 84.5% (3 bits, 3 epochs)
+# a gentle step: at 1e-3 the digits MLP fitted polyfhe's fake-quant grid (70% -> 87.5%) but lost under Concrete's
+# own (80% -> 69.5%); at 1e-4 Concrete's quantised accuracy rose 80% -> 84.5% (3 bits, 3 epochs; docs/concrete.md)
 QAT_LR = 1e-4
 
 
