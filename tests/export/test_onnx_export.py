@@ -68,5 +68,5 @@ def test_square_activation_user_model_is_accepted(tmp_path: Path) -> None:
 def test_missing_input_shape_and_unknown_target_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="input_shape"):
         polyfhe.export(nn.Linear(3, 2), target="onnx", path=tmp_path / "l.onnx")
-    with pytest.raises(ValueError, match="available: ckks, onnx"):
+    with pytest.raises(ValueError, match="available: ckks, concrete, onnx"):
         polyfhe.export(nn.Linear(3, 2), target="tflite")
