@@ -54,8 +54,18 @@ _ADVICE: tuple[tuple[str, str], ...] = (
 _TOO_WIDE = re.compile(r"@ (?P<node>\S+)\s*\n\^+ this (?P<bits>\d+)-bit value is used as an input to a table lookup")
 
 
-def _explain(exc: ConcreteCallError, settings: dict) -> str:
+_MISSING_OPS = re.compile(r"not currently implemented: (?P<ops>[A-Za-z0-9_, ]+)")
+
+
+def _explain(exc: ConcreteCallError, settings: dict, proto: Any = None) -> str:
     text = f"{exc.error}: {exc.message}"
+    missing = _MISSING_OPS.search(exc.message)
+    if missing and proto is not None:
+        ops = {op.strip() for op in missing["ops"].split(",") if op.strip()}
+        nodes = [f"{n.name or '(unnamed)'} ({n.op_type})" for n in proto.graph.node if n.op_type in ops]
+        return (f"Concrete ML could not compile the model: node(s) {', '.join(nodes[:5]) or sorted(ops)} use ops "
+                f"Concrete ML does not implement ({', '.join(sorted(ops))}); rewrite them with ops it has "
+                "(MatMul/Gemm, Conv, Add, Mul, element-wise activations, pooling) or export another graph")
     wide = _TOO_WIDE.search(exc.message)
     if wide:  # Concrete marks the offending op with ^^^ under the line that names its ONNX node
         node = wide["node"].rsplit(".", 1)[0]
@@ -78,10 +88,10 @@ def _as_samples(x: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
     return arr.reshape((-1, *shape))
 
 
-def _compile(worker: Worker, proto_bytes: bytes, calib: np.ndarray, settings: dict, out: Path,
+def _compile(worker: Worker, proto: Any, calib: np.ndarray, settings: dict, out: Path,
              eval_x: np.ndarray | None) -> dict:
     shape, blob = array_blob(calib)
-    blobs = [proto_bytes, blob]
+    blobs = [proto.SerializeToString(), blob]
     header = {**settings, "out": str(out), "inputset_shape": shape}
     if eval_x is not None:
         header["eval_shape"], eval_blob = array_blob(eval_x)
@@ -89,7 +99,7 @@ def _compile(worker: Worker, proto_bytes: bytes, calib: np.ndarray, settings: di
     try:
         reply, outs = worker.call("compile", header, blobs)
     except ConcreteCallError as exc:
-        raise ConcreteExportError(_explain(exc, settings)) from None
+        raise ConcreteExportError(_explain(exc, settings, proto)) from None
     except ConcreteWorkerDied as exc:
         raise ConcreteExportError(f"Concrete ML's compiler process ended ({exc}); try a smaller n_bits") from None
     if eval_x is not None:
@@ -151,7 +161,7 @@ def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict = DEFAUL
         report = analyze(proto)
         info: dict[str, Any] = {"model_name": name, "polynomial": report.polynomial, "degree": report.degree,
                                 "mult_depth": report.mult_depth}
-        reply = _compile(worker, proto.SerializeToString(), calib, settings, folder, eval_x)
+        reply = _compile(worker, proto, calib, settings, folder, eval_x)
         used = "post-training"
         if eval_x is not None:
             info["accuracy"] = _accuracies(model, proto, reply, eval_x, eval_y)
@@ -160,7 +170,7 @@ def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict = DEFAUL
             tuned_proto, _ = to_concrete_onnx(tuned, shape)
             ptq_accuracy = info.get("accuracy")
             info["post_training"] = {"accuracy": ptq_accuracy, "max_bit_width": reply["max_bit_width"]}
-            reply = _compile(worker, tuned_proto.SerializeToString(), calib, settings, folder, eval_x)
+            reply = _compile(worker, tuned_proto, calib, settings, folder, eval_x)
             info["qat"] = qat_info
             tuned_accuracy = None if eval_x is None else _accuracies(tuned, tuned_proto, reply, eval_x, eval_y)
             if quantization == "auto" and tuned_accuracy["quantized"] <= ptq_accuracy["quantized"]:
@@ -168,7 +178,7 @@ def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict = DEFAUL
                 log.warning("quantization-aware fine-tuning reached %.3f, post-training %.3f: keeping the latter",
                             tuned_accuracy["quantized"], ptq_accuracy["quantized"])
                 info["qat"]["kept"], info["qat"]["accuracy"] = False, tuned_accuracy
-                reply = _compile(worker, proto.SerializeToString(), calib, settings, folder, eval_x)
+                reply = _compile(worker, proto, calib, settings, folder, eval_x)
                 used = "post-training (quantization-aware fine-tuning tried, not kept)"
             else:
                 proto, used = tuned_proto, f"quantization-aware (polyfhe fake-quant, {qat_epochs} epochs)"

@@ -145,3 +145,22 @@ def test_concrete_refusals_name_the_node_and_the_knob():
     assert "node /1/Gemm produces a 28-bit value" in text and "rounding_threshold_bits (now None" in text
     text = _explain(ConcreteCallError("NoParametersFound", "no parameters"), settings)
     assert "lower n_bits (now 12)" in text and "raise p_error" in text
+
+
+def test_unimplemented_ops_are_named_with_their_nodes():
+    import onnx
+    from onnx import TensorProto, helper
+
+    from polyfhe.concrete.export import _explain
+
+    graph = helper.make_graph([helper.make_node("CumSum", ["x", "axis"], ["y"], name="/head/CumSum")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor("axis", TensorProto.INT64, [], [1])])
+    proto = helper.make_model(graph)
+    onnx.checker.check_model(proto)
+    message = ("The following ONNX operators are required to convert the torch model to numpy but are not "
+               "currently implemented: CumSum.")
+    text = _explain(ConcreteCallError("ValueError", message), {"n_bits": 4, "rounding_threshold_bits": None,
+                                                                "p_error": None}, proto)
+    assert "/head/CumSum (CumSum)" in text and "does not implement (CumSum)" in text

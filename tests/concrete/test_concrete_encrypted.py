@@ -182,3 +182,17 @@ def test_demo_server_serves_concrete_beside_ckks(program, pair, tmp_path, capsys
         assert polyfhe_load(root / "tfhe-mlp").program_id == program.program_id
     finally:
         server.stop()
+
+
+def test_unimplemented_op_is_refused_naming_the_node():
+    class CumulativeHead(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(64, 4)
+
+        def forward(self, x):
+            return torch.cumsum(self.linear(x.flatten(1)), dim=1)
+
+    x, _, _, _ = digits()
+    with pytest.raises(ConcreteExportError, match=r"/CumSum \(CumSum\)"):
+        export_concrete(CumulativeHead().eval(), x[:50], n_bits=4)
