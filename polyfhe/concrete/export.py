@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from polyfhe.concrete.env import ConcreteEnv, find_env
+from polyfhe.concrete.graph_prep import fold_public_shapes
 from polyfhe.concrete.program import ConcreteProgram
 from polyfhe.concrete.worker import ConcreteCallError, ConcreteWorkerDied, Worker, array_blob, blob_array
 
@@ -112,7 +113,7 @@ def _accuracy(logits: np.ndarray, y: np.ndarray) -> float:
     return float((np.asarray(logits).reshape(len(y), -1).argmax(1) == np.asarray(y)).mean())
 
 
-def _float_logits(model: Any, proto, x: np.ndarray) -> np.ndarray:
+def _float_logits(proto, x: np.ndarray) -> np.ndarray:
     """The float model's logits (onnxruntime on the exported graph: what Concrete ML quantises)."""
     from polyfhe.ort_providers import inference_session
 
@@ -145,7 +146,8 @@ def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict = DEFAUL
     if input_shape is None and not isinstance(model, (str, Path, bytes)) and hasattr(model, "forward") \
             and getattr(model, "input_shape", None) is None:
         input_shape = tuple(np.shape(calibration)[1:])  # a plain torch module: its inputs look like these
-    proto, name = to_concrete_onnx(model, input_shape)
+    calib_arr = np.asarray(calibration, dtype=np.float64)
+    proto, name = to_concrete_onnx(model, input_shape, check_x=calib_arr[:16] if calib_arr.ndim > 1 else None)
     shape = _graph_input_shape(proto)
     calib = _as_samples(calibration, shape, "calibration")[:MAX_CALIBRATION]
     eval_x, eval_y = (None, None) if eval_data is None else (_as_samples(eval_data[0], shape, "eval_data x"),
@@ -167,7 +169,7 @@ def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict = DEFAUL
             info["accuracy"] = _accuracies(model, proto, reply, eval_x, eval_y)
         if _wants_qat(quantization, train_data, info.get("accuracy"), qat_tolerance):
             tuned, qat_info = _finetune(model, proto, train_data, eval_data, shape, n_bits, qat_epochs)
-            tuned_proto, _ = to_concrete_onnx(tuned, shape)
+            tuned_proto, _ = to_concrete_onnx(tuned, shape, check_x=calib[:16])
             ptq_accuracy = info.get("accuracy")
             info["post_training"] = {"accuracy": ptq_accuracy, "max_bit_width": reply["max_bit_width"]}
             reply = _compile(worker, tuned_proto, calib, settings, folder, eval_x)
@@ -199,9 +201,23 @@ def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict = DEFAUL
     return program
 
 
-def to_concrete_onnx(model: Any, input_shape: tuple[int, ...] | None) -> tuple[Any, str]:
+def to_concrete_onnx(model: Any, input_shape: tuple[int, ...] | None,
+                     check_x: np.ndarray | None = None) -> tuple[Any, str]:
     """(ModelProto at the opset Concrete ML reads, name): modules are folded and exported by our exporter at that
-    opset; ONNX graphs are converted to it."""
+    opset, ONNX graphs converted to it; then constant and shape subgraphs are folded (:mod:`graph_prep`) and the
+    result checked against the unfolded graph on ``check_x``."""
+    proto, name = _opset_graph(model, input_shape)
+    folded, count = fold_public_shapes(proto)
+    if count and check_x is not None:
+        check_x = np.asarray(check_x).reshape((-1, *_graph_input_shape(proto)))
+        want, got = _float_logits(proto, check_x), _float_logits(folded, check_x)
+        if not np.allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max()))):
+            raise ConcreteExportError(f"folding {count} shape nodes changed the graph's outputs (max difference "
+                                      f"{float(np.abs(got - want).max()):.3g}); please report this model")
+    return folded, name
+
+
+def _opset_graph(model: Any, input_shape: tuple[int, ...] | None) -> tuple[Any, str]:
     import onnx
     from onnx import version_converter
 
@@ -235,7 +251,7 @@ def _graph_input_shape(proto) -> tuple[int, ...]:
 
 
 def _accuracies(model: Any, proto, reply: dict, x: np.ndarray, y: np.ndarray) -> dict:
-    return {"float": _accuracy(_float_logits(model, proto, x), y),
+    return {"float": _accuracy(_float_logits(proto, x), y),
             "quantized": _accuracy(reply["quantized_logits"], y),
             "simulated": _accuracy(reply["simulated_logits"], y), "samples": len(y)}
 

@@ -164,3 +164,48 @@ def test_unimplemented_ops_are_named_with_their_nodes():
     text = _explain(ConcreteCallError("ValueError", message), {"n_bits": 4, "rounding_threshold_bits": None,
                                                                 "p_error": None}, proto)
     assert "/head/CumSum (CumSum)" in text and "does not implement (CumSum)" in text
+
+
+class ChannelSplit:
+    """A Mu-layer-like block written the way users write it: the channel split reads ``x.shape``."""
+
+    @staticmethod
+    def build():
+        import torch
+        from torch import nn
+
+        class Split(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.conv = nn.Conv2d(1, 4, 3, padding=1)
+                self.head = nn.Linear(2 * 64, 10)
+
+            def forward(self, x):
+                h = self.conv(x)
+                half = h.shape[1] // 2
+                a, b = h[:, :half], h[:, half:]
+                return self.head((a * b).reshape(x.shape[0], -1))
+
+        torch.manual_seed(0)
+        return Split().eval()
+
+
+def test_shape_subgraphs_are_folded_for_concrete():
+    from polyfhe.concrete.export import to_concrete_onnx
+    from polyfhe.concrete.graph_prep import fold_public_shapes
+    from polyfhe.ort_providers import inference_session
+
+    model = ChannelSplit.build()
+    x = np.random.default_rng(0).random((5, 1, 8, 8)).astype(np.float32)
+    from polyfhe.concrete.export import _opset_graph
+
+    raw, _ = _opset_graph(model, (1, 8, 8))
+    assert any(n.op_type == "Shape" for n in raw.graph.node)
+    folded, count = fold_public_shapes(raw)
+    assert count > 0 and not any(n.op_type in ("Shape", "Gather") for n in folded.graph.node)
+    name = raw.graph.input[0].name
+    run = lambda proto: inference_session(proto.SerializeToString()).run(None, {name: x})[0]  # noqa: E731
+    np.testing.assert_allclose(run(folded), run(raw), rtol=1e-6, atol=1e-6)  # at batch 5: no batch of 1 baked in
+    assert folded.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    checked, _ = to_concrete_onnx(model, (1, 8, 8), check_x=x)
+    assert not any(n.op_type == "Shape" for n in checked.graph.node)

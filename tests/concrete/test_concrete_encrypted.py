@@ -196,3 +196,21 @@ def test_unimplemented_op_is_refused_naming_the_node():
     x, _, _, _ = digits()
     with pytest.raises(ConcreteExportError, match=r"/CumSum \(CumSum\)"):
         export_concrete(CumulativeHead().eval(), x[:50], n_bits=4)
+
+
+def test_user_style_channel_split_compiles_after_shape_folding(tmp_path):
+    """``h[:, :h.shape[1] // 2]`` and ``reshape(x.shape[0], -1)``: Concrete ML refuses the shape arithmetic
+    (a bare AssertionError) unless polyfhe folds it first."""
+    from tests.concrete.test_concrete_boundary import ChannelSplit
+
+    x, _, xt, _ = digits()
+    prog = export_concrete(ChannelSplit.build(), x[:100], n_bits=4, rounding_threshold_bits=6,
+                           eval_data=(xt[:4], np.zeros(4, dtype=int)), out=tmp_path / "split")
+    client = prog.client()
+    try:
+        server = prog.server(client.public_context())
+        out = client.decrypt(server.run(client.encrypt(xt[0])))
+        np.testing.assert_allclose(out[0], prog.evaluation["quantized"][0], atol=1e-6)
+        server.close()
+    finally:
+        client.close()
