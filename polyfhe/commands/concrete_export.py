@@ -40,12 +40,12 @@ def summary_rows(program: Any, name: str, out: Path) -> list[tuple[str, Any]]:
     m, info = program.manifest, program.manifest.info
     disk = sum(f.stat().st_size for f in Path(out).iterdir() if f.is_file())
     stats = info.get("statistics", {})
+    engine = f"TFHE (Concrete ML {m.versions.get('concrete_ml', '?')})"
+    quantisation = f"{m.quantization}, n_bits={m.n_bits}, rounding_threshold_bits={m.rounding_threshold_bits}"
     return [
-        ("model", name), ("program id", m.program_id), ("scheme", "TFHE (Concrete ML "
-                                                                  f"{m.versions.get('concrete_ml', '?')})"),
+        ("model", name), ("program id", m.program_id), ("scheme", engine),
         ("input shape", " x ".join(map(str, m.input_shape))), ("outputs", m.output_size),
-        ("quantisation", f"{m.quantization}, n_bits={m.n_bits}, rounding_threshold_bits="
-                         f"{m.rounding_threshold_bits}"),
+        ("quantisation", quantisation),
         ("largest integer", f"{info.get('max_bit_width', '-')} bits"),
         ("programmable bootstraps", stats.get("programmable_bootstrap_count", "-")),
         ("p_error / global", f"{info.get('p_error', '-')} / {info.get('global_p_error', '-')}"),

@@ -64,11 +64,64 @@ def _terminate(proc: subprocess.Popen, workdir: str | None = None) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _kib(path: str, field: str) -> int | None:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class _MemoryWatchdog:
+    """Samples a process's resident memory a few times a second and kills it past ``limit`` (Linux /proc)."""
+
+    PERIOD_S = 0.25
+
+    def __init__(self, pid: int, limit: int | None) -> None:
+        self.pid, self.peak, self.tripped = pid, 0, False
+        current = (_kib(f"/proc/{pid}/status", "VmRSS") or 0) * 1024
+        free = _kib("/proc/meminfo", "MemAvailable")
+        self.limit = limit if limit is not None else (None if free is None else current + int(0.9 * free * 1024))
+        self._stop = threading.Event()
+        self._thread = None
+        if self.limit is not None:
+            self._thread = threading.Thread(target=self._watch, daemon=True, name="concrete-memory-watchdog")
+            self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.PERIOD_S):
+            rss = _kib(f"/proc/{self.pid}/status", "VmRSS")
+            if rss is None:
+                return
+            self.peak = max(self.peak, rss * 1024)
+            if self.peak > self.limit:
+                self.tripped = True
+                log.warning("Concrete ML worker %d passed %.1f GB (limit %.1f GB): stopping it", self.pid,
+                            self.peak / 1e9, self.limit / 1e9)
+                try:
+                    os.kill(self.pid, 9)
+                except OSError:
+                    pass
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
 class Worker:
     """One worker process; ``call`` is serialised by a lock (a worker serves one request at a time)."""
 
-    def __init__(self, role: str, env: ConcreteEnv | None = None, threads: int | None = None) -> None:
+    def __init__(self, role: str, env: ConcreteEnv | None = None, threads: int | None = None,
+                 memory_limit_bytes: int | None = None) -> None:
+        """``memory_limit_bytes``: the worker is ended past it (default: 90% of what the machine has free when
+        a call starts, plus what the worker holds already)."""
         self.role = role
+        self.memory_limit_bytes = memory_limit_bytes
         self.env = env or find_env()
         self.threads = threads
         self._lock = threading.Lock()
@@ -102,20 +155,30 @@ class Worker:
         return self._proc is not None and self._proc.poll() is None
 
     def call(self, command: str, header: dict | None = None, blobs: tuple[bytes, ...] | list = ()) -> tuple[dict, list]:
-        """Send one request and wait for its reply."""
+        """Send one request and wait for its reply. While it runs, a watchdog ends the worker if its memory passes
+        what the machine had free (Concrete's key generation for a large circuit can take tens of GB)."""
         with self._lock:
             if not self.alive:
                 if self._proc is not None:
                     self.restarts += 1
                 self._proc = self._start()
             proc = self._proc
+            watchdog = _MemoryWatchdog(proc.pid, self.memory_limit_bytes)
             try:
                 self._send(proc, {**(header or {}), "command": command}, blobs)
                 reply, out = self._receive(proc)
             except (BrokenPipeError, EOFError, OSError) as exc:
                 code = proc.wait(timeout=60) if proc.poll() is None else proc.returncode
+                if watchdog.tripped:
+                    raise ConcreteWorkerDied(
+                        f"the Concrete ML {self.role} worker was stopped during {command!r}: it passed "
+                        f"{watchdog.peak / 1e9:.1f} GB, more than the {watchdog.limit / 1e9:.1f} GB this machine had "
+                        "free; a smaller model, fewer bits (n_bits, rounding_threshold_bits) or a machine with more "
+                        "memory is needed") from exc
                 raise ConcreteWorkerDied(f"the Concrete ML {self.role} worker ended during {command!r} "
                                          f"(exit code {code}); its last words: {self.stderr_tail()[-800:]}") from exc
+            finally:
+                watchdog.stop()
         if not reply.get("ok"):
             raise ConcreteCallError(str(reply.get("error")), str(reply.get("message")),
                                     bool(reply.get("bad_input")))

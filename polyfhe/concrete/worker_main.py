@@ -169,7 +169,10 @@ def cmd_server_keys(header, blobs):
 
 
 def cmd_server_run(header, blobs):
-    from concrete.ml.deployment.fhe_client_server import deserialize_encrypted_values, serialize_encrypted_values
+    from concrete.ml.deployment.fhe_client_server import (
+        deserialize_encrypted_values,
+        serialize_encrypted_values,
+    )
 
     try:
         value = deserialize_encrypted_values(blobs[0])

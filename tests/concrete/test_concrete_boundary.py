@@ -10,7 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from polyfhe.concrete import ConcreteEnvMissing, ConcreteProgram, ConcreteProgramError, find_env, load_concrete_program
+from polyfhe.concrete import (
+    ConcreteEnvMissing,
+    ConcreteProgram,
+    ConcreteProgramError,
+    find_env,
+    load_concrete_program,
+)
 from polyfhe.concrete.env import ConcreteEnv
 from polyfhe.concrete.program import ConcreteServer
 from polyfhe.concrete.worker import ConcreteCallError, ConcreteWorkerDied, Worker
@@ -204,8 +210,21 @@ def test_shape_subgraphs_are_folded_for_concrete():
     folded, count = fold_public_shapes(raw)
     assert count > 0 and not any(n.op_type in ("Shape", "Gather") for n in folded.graph.node)
     name = raw.graph.input[0].name
-    run = lambda proto: inference_session(proto.SerializeToString()).run(None, {name: x})[0]  # noqa: E731
+    run = lambda proto: inference_session(proto.SerializeToString()).run(None, {name: x})[0]
     np.testing.assert_allclose(run(folded), run(raw), rtol=1e-6, atol=1e-6)  # at batch 5: no batch of 1 baked in
     assert folded.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
     checked, _ = to_concrete_onnx(model, (1, 8, 8), check_x=x)
     assert not any(n.op_type == "Shape" for n in checked.graph.node)
+
+
+def test_a_worker_past_its_memory_limit_is_stopped_with_the_reason(tmp_path):
+    hungry = tmp_path / "hungry"
+    (hungry / "bin").mkdir(parents=True)
+    script = hungry / "bin" / "python"
+    # takes ~200 MB and waits: stands in for a key generation that outgrows the machine
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"import time; b = bytearray(200 << 20); "
+                      "b[::4096] = b'x' * len(b[::4096]); time.sleep(60)\"\n")
+    script.chmod(0o755)
+    worker = Worker("client", ConcreteEnv(hungry), memory_limit_bytes=100 << 20)
+    with pytest.raises(ConcreteWorkerDied, match=r"passed 0\.[12] GB, more than the 0\.1 GB"):
+        worker.call("keygen")
