@@ -103,8 +103,9 @@ def setup_env(path: str | Path | None = None, python: str | None = None, force: 
               "creating the virtual environment")
         _step([str(env.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                "-r", str(requirements_path())], output, f"installing Concrete ML {CONCRETE_ML_VERSION}")
-    check = subprocess.run([str(env.python), "-I", "-c", "import concrete.ml, concrete.fhe, torch; "
-                            "print(concrete.ml.__version__)"], capture_output=True, text=True, timeout=600)
+    probe = "import concrete.ml, concrete.fhe, torch; print(concrete.ml.__version__)"
+    check = subprocess.run([str(env.python), "-I", "-c", probe], capture_output=True, text=True, timeout=600,
+                           check=False)
     if check.returncode != 0 or check.stdout.strip() != CONCRETE_ML_VERSION:
         raise ConcreteEnvMissing(f"the environment at {env.path} was installed but `import concrete.ml` fails: "
                                  f"{check.stderr.strip()[-2000:]}")
@@ -115,7 +116,7 @@ def setup_env(path: str | Path | None = None, python: str | None = None, force: 
 
 def _step(command: list[str], output, what: str) -> None:
     log.info("%s: %s", what, " ".join(command))
-    done = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT)
+    done = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, check=False)
     if done.returncode != 0:
         output.seek(0)
         tail = output.read().decode(errors="replace")[-3000:]

@@ -41,12 +41,12 @@ class ConcreteExportError(ValueError):
 
 # Concrete ML's refusal (matched on type and message) -> what to tell the user; first match wins
 _ADVICE: tuple[tuple[str, str], ...] = (
-    (r"NoParametersFound", "no TFHE parameters fit these bit widths: lower n_bits (now {n_bits}) or "
-                           "rounding_threshold_bits (now {rounding_threshold_bits}), or raise p_error "
-                           "(now {p_error})"),
+    (r"NoParametersFound", ("no TFHE parameters fit these bit widths: lower n_bits (now {n_bits}) or "
+                            "rounding_threshold_bits (now {rounding_threshold_bits}), or raise p_error "
+                            "(now {p_error})")),
     (r"bit.?width|more than 16|16 bits|maximum.*bit",
-     "an accumulator needs more than the 16 bits TFHE allows: set rounding_threshold_bits (now "
-     "{rounding_threshold_bits}, e.g. 6) or lower n_bits (now {n_bits})"),
+     ("an accumulator needs more than the 16 bits TFHE allows: set rounding_threshold_bits (now "
+      "{rounding_threshold_bits}, e.g. 6) or lower n_bits (now {n_bits})")),
     (r"not supported|unsupported|is not implemented|ONNX_OPS_TO_NUMPY_IMPL",
      "the graph uses an op Concrete ML does not implement"),
 )

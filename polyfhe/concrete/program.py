@@ -206,7 +206,7 @@ class ConcreteClient:
         self._worker = Worker("client", threads=threads)
         self._worker.call("client_open", {"dir": str(program.directory.resolve())})
         t0 = time.perf_counter()
-        reply, (keys,) = self._worker.call("keygen")
+        _, (keys,) = self._worker.call("keygen")
         self.keygen_seconds = time.perf_counter() - t0
         self._public = pack(KIND_CONTEXT, program.manifest.identity(), {"evaluation_keys": keys})
 

@@ -130,7 +130,7 @@ class Worker:
         self.restarts = 0
 
     def _start(self) -> subprocess.Popen:
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the worker it records
         environ = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         if self.threads:
             environ.update(OMP_NUM_THREADS=str(self.threads), RAYON_NUM_THREADS=str(self.threads))
