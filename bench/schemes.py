@@ -42,6 +42,7 @@ import logging
 import math
 import multiprocessing
 import os
+import re
 import resource
 import signal
 import statistics
@@ -569,6 +570,9 @@ def short_status(r: dict[str, Any]) -> str:
         return "does not compile\n(" + status.split("(", 1)[-1].split(":")[0][:24] + ")"
     if status.startswith("stopped"):
         return status.split("(")[0].replace(" during", "\nduring").strip()
+    if status.startswith("key generation stopped"):
+        peak = re.search(r"passed ([\d.]+ GB)", status)
+        return "key generation stopped:\nmemory" + (f" passed {peak[1]}" if peak else "")
     return status[:40]
 
 
