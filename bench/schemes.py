@@ -109,23 +109,6 @@ def build_model(case: str):
     return create_model(zoo, img_size=side, in_chans=1, num_classes=10)
 
 
-def _train_generic(model, x: np.ndarray, y: np.ndarray, epochs: int, lr: float, batch_size: int = 256):
-    """ckks_testlib.train's loop (AdamW, one thread) for data other than digits."""
-    import torch
-    from torch import nn
-
-    torch.manual_seed(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.long)
-    model.train()
-    for _ in range(epochs):
-        for i in range(0, len(xt), batch_size):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(xt[i:i + batch_size]), yt[i:i + batch_size]).backward()
-            opt.step()
-    return model.eval()
-
-
 def float64_logits(model, x: np.ndarray) -> np.ndarray:
     import torch
 
@@ -250,13 +233,9 @@ def train_case(case: str, args: argparse.Namespace, state_path: str, progress_pa
     epochs = args.epochs if args.epochs else epochs
     prog.note(stage="train", epochs=epochs, lr=lr)
     t0 = time.perf_counter()
-    if CASES[case][0] == "digits":
-        from tests.fhe.ckks_testlib import train
+    from tests.fhe.ckks_testlib import train
 
-        model = train(model, epochs=epochs, lr=lr)
-    else:
-        torch.set_num_threads(1)
-        model = _train_generic(model, x_tr, y_tr, epochs, lr)
+    model = train(model, epochs=epochs, lr=lr, data=(x_tr, y_tr))  # digits, or the case's own images
     train_s = time.perf_counter() - t0
     torch.save(model.state_dict(), state_path)
     acc = float((float64_logits(model, x_te).argmax(1) == y_te).mean())

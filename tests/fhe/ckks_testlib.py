@@ -27,10 +27,12 @@ def digits():
     return data.x_train.astype(np.float64), data.y_train, data.x_test.astype(np.float64), data.y_test
 
 
-def train(model: nn.Module, epochs: int = 30, lr: float = 0.01, batch_size: int = 256) -> nn.Module:
-    """A few AdamW epochs: enough for the tests to check real decisions, not chance. One torch thread: these
-    tiny matrices run several times slower when two threads fight over a busy 2-core machine."""
-    x, y, _, _ = digits()
+def train(model: nn.Module, epochs: int = 30, lr: float = 0.01, batch_size: int = 256,
+          data: tuple[np.ndarray, np.ndarray] | None = None) -> nn.Module:
+    """A few AdamW epochs (on ``data`` = (x, y), digits' training split by default): enough for the tests to check
+    real decisions, not chance. One torch thread: these tiny matrices run several times slower when two threads
+    fight over a busy 2-core machine."""
+    x, y = data if data is not None else digits()[:2]
     torch.manual_seed(0)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.long)
