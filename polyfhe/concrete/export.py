@@ -67,6 +67,12 @@ def _explain(exc: ConcreteCallError, settings: dict, proto: Any = None) -> str:
         return (f"Concrete ML could not compile the model: node(s) {', '.join(nodes[:5]) or sorted(ops)} use ops "
                 f"Concrete ML does not implement ({', '.join(sorted(ops))}); rewrite them with ops it has "
                 "(MatMul/Gemm, Conv, Add, Mul, element-wise activations, pooling) or export another graph")
+    if "does not support dilation" in exc.message and proto is not None:
+        dilated = [f"{n.name or '(unnamed)'} (dilations {list(a.ints)})" for n in proto.graph.node if n.op_type == "Conv"
+                   for a in n.attribute if a.name == "dilations" and any(d != 1 for d in a.ints)]
+        return (f"Concrete ML could not compile the model: its convolution has no dilation, and node(s) "
+                f"{', '.join(dilated[:5]) or '(a Conv)'} are dilated; use undilated kernels (a dilated kernel equals "
+                "a larger one with zeros between its taps) or run the model under CKKS")
     wide = _TOO_WIDE.search(exc.message)
     if wide:  # Concrete marks the offending op with ^^^ under the line that names its ONNX node
         node = wide["node"].rsplit(".", 1)[0]

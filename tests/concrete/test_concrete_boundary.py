@@ -228,3 +228,18 @@ def test_a_worker_past_its_memory_limit_is_stopped_with_the_reason(tmp_path):
     worker = Worker("client", ConcreteEnv(hungry), memory_limit_bytes=100 << 20)
     with pytest.raises(ConcreteWorkerDied, match=r"passed 0\.[12] GB, more than the 0\.1 GB"):
         worker.call("keygen")
+
+
+def test_dilated_convolutions_are_named():
+    from onnx import TensorProto, helper
+
+    from polyfhe.concrete.export import _explain
+
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], name="/stage1/dw/Conv", dilations=[2, 2], pads=[2, 2, 2, 2])
+    graph = helper.make_graph([conv], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 8, 8])],
+                              [helper.make_tensor("w", TensorProto.FLOAT, [1, 1, 3, 3], [0.1] * 9)])
+    text = _explain(ConcreteCallError("AssertionError", "The convolution operator in Concrete does not support "
+                                      "dilation"), {"n_bits": 4, "rounding_threshold_bits": None, "p_error": None},
+                    helper.make_model(graph))
+    assert "/stage1/dw/Conv (dilations [2, 2])" in text and "undilated" in text
