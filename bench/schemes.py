@@ -545,6 +545,8 @@ def short_status(r: dict[str, Any]) -> str:
     status = r.get("status", "not run")
     if "not polynomial" in status:
         return "not polynomial:\nCKKS refuses ReLU"
+    if "dilation" in status:
+        return "does not compile:\nConcrete has no\ndilated convolution"
     if status.startswith("does not compile"):
         return "does not compile\n(" + status.split("(", 1)[-1].split(":")[0][:24] + ")"
     if status.startswith("stopped"):
