@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from polyfhe.concrete.env import ConcreteEnv, find_env
-from polyfhe.concrete.graph_prep import fold_public_shapes
 from polyfhe.concrete.program import ConcreteProgram
 from polyfhe.concrete.worker import ConcreteCallError, ConcreteWorkerDied, Worker, array_blob, blob_array
 
@@ -212,6 +211,8 @@ def to_concrete_onnx(model: Any, input_shape: tuple[int, ...] | None,
     """(ModelProto at the opset Concrete ML reads, name): modules are folded and exported by our exporter at that
     opset, ONNX graphs converted to it; then constant and shape subgraphs are folded (:mod:`graph_prep`) and the
     result checked against the unfolded graph on ``check_x``."""
+    from polyfhe.concrete.graph_prep import fold_public_shapes  # onnx: never imported by the runtime
+
     proto, name = _opset_graph(model, input_shape)
     folded, count = fold_public_shapes(proto)
     if count and check_x is not None:
