@@ -31,7 +31,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polyfhe.concrete.env import CONCRETE_ML_VERSION, ConcreteEnv, ConcreteEnvMissing, default_env_dir, setup_env
+    from polyfhe.concrete.env import (
+        CONCRETE_ML_VERSION,
+        ConcreteEnv,
+        ConcreteEnvMissing,
+        default_env_dir,
+        setup_env,
+    )
 
     if args.force or not ConcreteEnv(args.path or default_env_dir()).is_complete():
         print(f"setting up Concrete ML {CONCRETE_ML_VERSION} (a few minutes; about 6.5 GB)", file=sys.stderr)
