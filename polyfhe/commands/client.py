@@ -122,11 +122,11 @@ def _session(api: Any, model: str, manifest: Any, keydir: Any) -> Any:
         from polyfhe.fhe.backends import client_for
 
         with progress_bar(1, "making keys", unit="key set") as bar:
-            concrete = getattr(manifest, "scheme", "ckks") == "concrete"
+            concrete = manifest.scheme == "concrete"
             keys = api.concrete_client(model, manifest) if concrete else client_for(manifest)
             bar.update(1)
         return api.open_session(model, keys=keys, progress=upload)
-    if getattr(manifest, "scheme", "ckks") == "concrete":
+    if manifest.scheme == "concrete":
         raise _BadInput("--keys folders hold CKKS keys; a Concrete ML model makes its keys for each run")
     keys = keydir.load(manifest, f"model {model} at {api.url}")
     return api.keyed_session(model, keys, keydir.session_id(api.url, model), progress=upload,
@@ -163,7 +163,7 @@ def _render_head(head: dict, manifest: Any) -> None:
 
     s = head["session"]
     scheme = (f"TFHE via Concrete ML, {manifest.quantization} quantisation at n_bits={manifest.n_bits}"
-              if getattr(manifest, "scheme", "ckks") == "concrete" else manifest.params.describe())
+              if manifest.scheme == "concrete" else manifest.params.describe())
     echo(f"model {head['model']} (program {head['program_id']}) at {head['server']}: {scheme}")
     keys = (f"keys made here in {s['keygen_s']:.2f} s" if head["keys"] is None
             else f"keys restored from {head['keys']} in {s['keygen_s']:.2f} s")

@@ -13,7 +13,7 @@ import logging
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -80,6 +80,7 @@ class ProgramManifest:
     program_id: str = ""
     format: str = FORMAT
     backend: str = "seal"  # the engine whose client makes its keys and whose server runs it
+    scheme: ClassVar[str] = "ckks"  # beside Concrete ML's programs (polyfhe.concrete), which say "concrete"
 
     def to_dict(self) -> dict:
         return {
@@ -173,9 +174,18 @@ class CKKSProgram:
     def params(self) -> CKKSParams:
         return self.manifest.params
 
+    scheme: ClassVar[str] = "ckks"
+
     @property
     def program_id(self) -> str:
         return self.manifest.program_id
+
+    @property
+    def params_fingerprint(self) -> str:
+        """What keys and ciphertexts made for this program carry as ``params`` (servers compare it)."""
+        from polyfhe.fhe.params import fingerprint_params
+
+        return fingerprint_params(self.params)
 
     def save(self, directory: str | Path) -> Path:
         out = Path(directory)

@@ -200,7 +200,7 @@ def create_app(config: ServeConfig, registry: Registry | None = None) -> FastAPI
     async def client_zip(name: str) -> Response:
         """A Concrete ML model's client specs and quantisers (public): what a client makes its keys from."""
         entry = model_or_404(name)
-        if getattr(entry.program, "scheme", "ckks") != "concrete":
+        if entry.program.scheme != "concrete":
             raise ApiError(404, "not_concrete", f"{name} is a CKKS model: its client needs only the manifest")
         return Response((entry.program.directory / "client.zip").read_bytes(), media_type="application/zip")
 

@@ -181,7 +181,7 @@ class ServeClient:
 
         if keys is None:
             manifest = self.manifest(model, allow_insecure)
-            keys = self.concrete_client(model, manifest) if getattr(manifest, "scheme", "ckks") == "concrete" \
+            keys = self.concrete_client(model, manifest) if manifest.scheme == "concrete" \
                 else client_for(manifest)
         context = keys.public_context()
         t0 = time.perf_counter()

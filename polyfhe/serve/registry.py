@@ -66,7 +66,7 @@ class Model:
     observed_context_bytes: int | None = None  # size of the last public context accepted for it
 
     def describe(self) -> dict[str, Any]:
-        if getattr(self.program, "scheme", "ckks") == "concrete":
+        if self.program.scheme == "concrete":
             return self._describe_concrete()
         m, p = self.program.manifest, self.program.params
         info = m.info

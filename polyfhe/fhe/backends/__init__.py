@@ -55,7 +55,7 @@ def list_backends() -> list[str]:
 def decoded_context_bytes(program, upload: int) -> int:
     """Bytes a valid public context of ``upload`` bytes for ``program`` holds once its engine decodes it: what a
     server's key budget counts (SEAL's keys travel compressed; the decoder refuses any that inflate further)."""
-    if getattr(program, "scheme", "ckks") != "ckks":
+    if program.scheme != "ckks":
         return upload  # Concrete ML's evaluation keys travel as they sit in memory
     measure = get_backend(program.manifest.backend).decoded_context_bytes
     return upload if measure is None else measure(program, upload)
