@@ -2,9 +2,9 @@
 
 Rotations are counted as the executor runs them (baby-step rotations of a register are shared by every map
 of the same level that reads it); key switches count a rotation whose step has its own Galois key once,
-one that SEAL composes from power-of-two keys by the non-zero digits of the step's NAF, and one per
-relinearisation. Plaintext products are the diagonals (single) or the non-zero weights (batch); every one is
-an encoded plaintext, and ``plaintext_bytes`` is what a server holds to keep them all encoded.
+one without by the length of the shortest chain of keys the executor rotates it by
+(:class:`~polyfhe.fhe.rotations.KeyChain`), and one per relinearisation. Plaintext products are the diagonals
+(single) or the non-zero weights (batch); every one is an encoded plaintext, and ``plaintext_bytes`` is what a server holds to keep them all encoded.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 
 from polyfhe.fhe.params import CKKSParams
 from polyfhe.fhe.program import Step
+from polyfhe.fhe.rotations import KeyChain
 from polyfhe.fhe.seal_backend import naf_terms
 
 __all__ = ["naf_weight", "plan_counters"]
@@ -31,7 +32,7 @@ def _data_primes(params: CKKSParams, level: int) -> int:
 def plan_counters(steps: list[Step], arrays: dict[str, np.ndarray], galois_steps: list[int], params: CKKSParams,
                   layout: str, slots: int) -> dict:
     """Counts per evaluation (one query); ``galois_steps`` and ``slots`` in the plan's (virtual) slots."""
-    keys = {s % slots for s in galois_steps}
+    chain = KeyChain(galois_steps, slots)
     rotations = key_switches = products = encodes = 0
     plaintext_bytes = 0
     cached: set[tuple[int, int, int]] = set()
@@ -64,7 +65,7 @@ def plan_counters(steps: list[Step], arrays: dict[str, np.ndarray], galois_steps
         used += [int(g) for g in np.unique((ks_all // baby) * baby) if g]
         used += [period << i for i in range(int(np.log2(int(step.attrs.get("space", slots)) // period)))]
         rotations += len(used)
-        key_switches += sum(1 if s % slots in keys else naf_weight(min(s % slots, slots - s % slots)) for s in used)
+        key_switches += sum(chain.switches(s) for s in used)
         count = sum(len(arrays[t["ks"]]) for t in terms)
         products += count
         encodes += count + (1 if step.attrs.get("bias") else 0)

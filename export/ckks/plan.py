@@ -31,6 +31,7 @@ from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
 from polyfhe.export.ckks.cost import COMPOSED_COST, NEW_KEY_COST, ROTATION_COST
 from polyfhe.export.ckks.layout import FALLBACK, choose_layouts, nonzero, offsets, pow2_at_least
 from polyfhe.fhe.program import Step
+from polyfhe.fhe.rotations import choose_key_steps
 
 __all__ = ["Plan", "plan_batch", "plan_single"]
 
@@ -194,11 +195,13 @@ def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None
     }
     if layout == "single":
         keys = select_galois_steps(used, slots, max_galois_keys)
-        composed = sorted(set(used) - set(keys))
+        held = {k % slots for k in keys}
+        composed = sorted(s for s in used if s % slots not in held)
         if composed:
-            fallbacks.append(f"{len(composed)} rotation steps composed from power-of-two keys (Galois key budget)")
+            fallbacks.append(f"{len(composed)} rotation steps rotated through chains of keyed steps (Galois key budget)")
             log.warning("%d of %d rotation steps have no key of their own within the Galois key budget (%d keys); "
-                        "SEAL composes them (several key switches each)", len(composed), len(used), len(keys))
+                        "each is a chain of rotations by keyed steps (several key switches)", len(composed),
+                        len(used), len(keys))
         stats["galois_keys"] = len(keys)
         stats["fallbacks"] = fallbacks
         stats["input_period"] = periods[0]
@@ -207,26 +210,18 @@ def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None
     return Plan(steps, arrays, sorted(used), stats)
 
 
-def power_of_two_steps(slots: int) -> set[int]:
-    """Rotations by +-2^i: with these SEAL composes any rotation (NAF), a few key switches each."""
-    return {s * (1 << i) for i in range(max(1, slots.bit_length() - 1)) for s in (1, -1)}
-
-
 def select_galois_steps(used: Counter, slots: int, max_keys: int | None) -> list[int]:
-    """Exactly the steps used when they fit ``max_keys``; else +-2^i plus the most used steps.
+    """Exactly the steps used when they fit ``max_keys``; else +-2^i plus the keys that save the most key
+    switches over the plan's uses (:func:`~polyfhe.fhe.rotations.choose_key_steps`); the executor rotates
+    by a step without a key through the shortest chain of keys.
 
     Each Galois key is one key-switching key (about 21 MB at N=16384 with 11 primes), so an unbounded set
-    makes the public context gigabytes; a missing step is composed by SEAL from the power-of-two keys.
+    makes the public context gigabytes.
     """
-    if max_keys is None or len(used) <= max_keys:
-        return sorted(used)
-    base = power_of_two_steps(slots)
-    if len(base) > max_keys:
-        raise LoweringError(f"max_galois_keys={max_keys} is below the {len(base)} power-of-two keys needed to "
-                            "compose every rotation")
-    extra = [s for s, _ in sorted(used.items(), key=lambda kv: (-kv[1], kv[0])) if s not in base
-             and (s - slots) not in base]
-    return sorted(base | set(extra[: max_keys - len(base)]))
+    try:
+        return choose_key_steps(used, slots, max_keys)
+    except ValueError as exc:
+        raise LoweringError(str(exc)) from exc
 
 
 def max_samples_per_ciphertext(circuit: Circuit, slots: int) -> int:

@@ -15,12 +15,13 @@ import os
 import struct
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from polyfhe.fhe.params import CKKSParams
 from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES, PlaintextKey, PlaintextStore, store_with_budget
+from polyfhe.fhe.rotations import KeyChain
 from polyfhe.fhe.sealbytes import (
     HEADER,
     SealLayout,
@@ -236,8 +237,12 @@ class SealOps:
     """
 
     def __init__(self, seal: SealContext, relin_keys, galois_keys=None,
-                 plaintext_cache: PlaintextStore | None = None, max_cache_bytes: int | None = None):
+                 plaintext_cache: PlaintextStore | None = None, max_cache_bytes: int | None = None,
+                 key_steps: Iterable[int] | None = None):
+        """``key_steps``: the steps ``galois_keys`` holds; a step without a key is then rotated by the shortest
+        chain of them (:class:`~polyfhe.fhe.rotations.KeyChain`), else SEAL composes it from its NAF."""
         self.seal = seal
+        self._chain = KeyChain(key_steps, seal.slots) if key_steps is not None else None
         self.ev = seal.evaluator
         self.relin_keys = relin_keys
         self.galois_keys = galois_keys
@@ -272,6 +277,16 @@ class SealOps:
         if self.galois_keys is None:
             raise ValueError("this program needs rotations but the context holds no Galois keys")
         step = int(step)
+        if self._chain is not None and not self._chain.has_key(step):
+            chain = self._chain.chain(step)
+            for key in chain:
+                out = self.seal.sa.Ciphertext()
+                self.ev.rotate_vector(ct, key, self.galois_keys, out)
+                ct = out
+            with self._lock:
+                self.counts["rotations"] += 1
+                self.counts["key_switches"] += len(chain)
+            return ct
         out = self.seal.sa.Ciphertext()
         self.ev.rotate_vector(ct, step, self.galois_keys, out)
         switches = self._rotation_costs.get(step)

@@ -80,7 +80,7 @@ class CKKSServer:
                  max_ciphertext_bytes: int = DEFAULT_MAX_CIPHERTEXT_BYTES,
                  plaintext_cache: PlaintextStore | None = None, max_cache_bytes: int | None = None) -> None:
         """``plaintext_cache``: the plaintext store (default: the program's, shared by all its servers);
-        ``max_cache_bytes``: its budget in bytes (``None`` keeps the store's own, 3 GiB for a new one)."""
+        ``max_cache_bytes``: its budget in bytes (``None`` keeps the store's own, half of the machine's memory for a new one)."""
         self.program = program
         self.max_ciphertext_bytes = max_ciphertext_bytes
         box = unpack(public_context, KIND_CONTEXT, max_bytes=max_context_bytes)
@@ -104,7 +104,7 @@ class CKKSServer:
             raise WireError("public context holds Galois keys; this program rotates by nothing")
         self.context_bytes = len(public_context)
         cache = plaintext_cache if plaintext_cache is not None else program.shared.plaintexts
-        self._ops = SealOps(self.seal, relin, galois, cache, max_cache_bytes)
+        self._ops = SealOps(self.seal, relin, galois, cache, max_cache_bytes, key_steps=steps)
         self.plaintext_store = self._ops.store
         self.last_run = RunStats()
 

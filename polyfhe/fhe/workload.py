@@ -31,6 +31,7 @@ import numpy as np
 
 from polyfhe.fhe.opcosts import OpSite, Tally, merge
 from polyfhe.fhe.params import CKKSParams
+from polyfhe.fhe.rotations import KeyChain
 
 __all__ = ["COMPILED_TALLIES", "TracedModel", "Workload", "data_primes", "program_workload", "trace_model",
            "traced_workload"]
@@ -79,20 +80,12 @@ def _ct_bytes(params: CKKSParams, primes: int) -> int:
 # --------------------------------------------------------------------------------------------------------------
 # compiled programs: SEAL (polyfhe's executor)
 # --------------------------------------------------------------------------------------------------------------
-def _seal_switches(step: int, slots: int, keys: set[int]) -> int:
-    """Key switches SEAL spends on a rotation: one with its own key, else the NAF digits it composes."""
-    from polyfhe.export.ckks.counters import naf_weight
-
-    s = step % slots
-    return 1 if s in keys else naf_weight(min(s, slots - s))
-
-
 def _seal_single(program) -> tuple[Tally, dict, int]:
     m = program.manifest
     params, arrays = m.params, program.arrays
     n, lanes = params.poly_modulus_degree, m.samples_per_ciphertext
     slots = params.slots // lanes
-    keys = {(g // lanes) % slots for g in m.galois_steps}
+    chain = KeyChain([g // lanes for g in m.galois_steps], slots)  # rotations without a key: chains of keys
     tally: Tally = {}
     counters = dict.fromkeys(("rotations", "key_switches", "plain_products", "encodes_cold"), 0)
     cached: set[tuple[int, int, int]] = set()
@@ -105,7 +98,7 @@ def _seal_single(program) -> tuple[Tally, dict, int]:
 
     def rotate(steps: list[int], primes: int) -> None:
         for s in steps:
-            ks = _seal_switches(s, slots, keys)
+            ks = chain.switches(s)
             counters["rotations"] += 1
             counters["key_switches"] += ks
             add(OpSite("rotation", n, primes, primes), ks)

@@ -282,7 +282,7 @@ def test_concurrent_runs_of_one_program_encode_each_plaintext_once(tiny, monkeyp
 def test_rotations_composed_from_power_of_two_keys_cost_more_key_switches(tiny):
     """Galois keys for +-2^i only (what a small ``galois_key_budget`` falls back to): SEAL composes the rest."""
     from polyfhe.export.ckks.counters import plan_counters
-    from polyfhe.export.ckks.plan import power_of_two_steps
+    from polyfhe.fhe.rotations import power_of_two_steps
 
     x, program = tiny
     lanes = program.manifest.samples_per_ciphertext

@@ -1,0 +1,106 @@
+"""Rotations by steps that have no Galois key of their own: the fewest key switches over the keys held.
+
+A public context holds keys for a budgeted set of rotation steps (``galois_key_budget``); any other step is a
+chain of rotations by steps that have keys, one key switch each. SEAL's ``rotate_vector`` chains the terms
+of the step's non-adjacent form and uses only power-of-two keys for them, so a step of 78 costs three key
+switches (64 + 16 - 2) even when keys for 64 and 14 are held. :class:`KeyChain` finds the shortest chain over
+*every* key held (a breadth-first search over the cyclic group of slot offsets), and
+:func:`choose_key_steps` picks the keys a budget buys so that the steps a program uses, weighted by how often,
+need the fewest key switches in all. The planner's counters and the SEAL executor use the same chains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+__all__ = ["KeyChain", "choose_key_steps", "power_of_two_steps"]
+
+
+def power_of_two_steps(slots: int) -> set[int]:
+    """Rotations by +-2^i: with these every step is a chain (at most its NAF weight long)."""
+    return {s * (1 << i) for i in range(max(1, slots.bit_length() - 1)) for s in (1, -1)}
+
+
+def _distances(keys: Iterable[int], slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """(fewest keys summing to each offset mod ``slots``, -1 when none do; the last key of one such chain)."""
+    residues = sorted({int(k) % slots for k in keys} - {0})
+    dist = np.full(slots, -1, dtype=np.int64)
+    via = np.zeros(slots, dtype=np.int64)
+    dist[0] = 0
+    frontier, hops = np.zeros(1, dtype=np.int64), 0
+    while len(frontier):
+        hops += 1
+        reached = []
+        for key in residues:
+            new = np.unique((frontier + key) % slots)
+            new = new[dist[new] < 0]
+            dist[new], via[new] = hops, key
+            reached.append(new)
+        frontier = np.concatenate(reached) if reached else np.zeros(0, dtype=np.int64)
+    return dist, via
+
+
+class KeyChain:
+    """Shortest chains of key steps for every rotation, given the steps that have Galois keys."""
+
+    def __init__(self, key_steps: Iterable[int], slots: int) -> None:
+        self.slots = int(slots)
+        steps = [int(s) for s in key_steps]
+        self._signed = {s % self.slots: s for s in steps}  # residue -> the step as the keys were made for it
+        self._dist, self._via = _distances(steps, self.slots)
+
+    def has_key(self, step: int) -> bool:
+        return int(step) % self.slots in self._signed
+
+    def switches(self, step: int) -> int:
+        """Key switches of a rotation by ``step`` (0 for a full turn); ValueError when the keys cannot make it."""
+        hops = int(self._dist[int(step) % self.slots])
+        if hops < 0:
+            raise ValueError(f"no chain of the {len(self._signed)} Galois keys held rotates by {step}")
+        return hops
+
+    def chain(self, step: int) -> list[int]:
+        """Key steps whose rotations, one after another, rotate by ``step``: the shortest such chain."""
+        self.switches(step)
+        residue, out = int(step) % self.slots, []
+        while residue:
+            key = int(self._via[residue])
+            out.append(self._signed[key])
+            residue = (residue - key) % self.slots
+        return out
+
+
+def choose_key_steps(uses: Mapping[int, int], slots: int, max_keys: int | None) -> list[int]:
+    """Exactly the steps used when they fit ``max_keys``; else the +-2^i keys (every step stays reachable) plus,
+    one at a time, the used step whose key saves the most key switches over all uses (greedy)."""
+    used = {int(s): int(n) for s, n in uses.items() if int(s) % slots}
+    if max_keys is None or len(used) <= max_keys:
+        return sorted(used)
+    keys = set(power_of_two_steps(slots))
+    if len(keys) > max_keys:
+        raise ValueError(f"max_galois_keys={max_keys} is below the {len(keys)} power-of-two keys needed to "
+                         "compose every rotation")
+    steps = np.array(sorted(used), dtype=np.int64)
+    weight = np.array([used[s] for s in steps], dtype=np.int64)
+    while len(keys) < max_keys:
+        dist, _ = _distances(keys, slots)
+        now = dist[steps % slots]
+        cost = int((weight * now).sum())
+        held = {k % slots for k in keys}
+        best, best_cost = None, cost
+        for cand in steps:
+            if cand % slots in held:
+                continue
+            # a chain using the new key j times and old keys otherwise: j + dist(step - j * key)
+            after = now.copy()
+            for j in range(1, int(now.max()) + 1):
+                after = np.minimum(after, j + dist[(steps - j * cand) % slots])
+            total = int((weight * after).sum())
+            if total < best_cost:
+                best, best_cost = int(cand), total
+        if best is None:
+            break  # no key saves a switch: leave the rest of the budget unspent
+        keys.add(best)
+    return sorted(keys)

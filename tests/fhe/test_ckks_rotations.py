@@ -1,0 +1,75 @@
+"""Rotations without a key of their own: shortest key chains and the keys a budget buys."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from polyfhe.export.ckks.affine import LoweringError
+from polyfhe.export.ckks.plan import select_galois_steps
+from polyfhe.fhe.rotations import KeyChain, choose_key_steps, power_of_two_steps
+from polyfhe.fhe.seal_backend import naf_terms
+
+
+def _brute_force(keys: list[int], slots: int) -> dict[int, int]:
+    """Fewest keys (with repetition) summing to each residue, by enumerating multisets up to 6 keys."""
+    best = {0: 0}
+    for size in range(1, 7):
+        for combo in itertools.combinations_with_replacement(keys, size):
+            best.setdefault(sum(combo) % slots, size)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_chains_are_shortest_and_rotate_by_the_step(seed):
+    rng = np.random.default_rng(seed)
+    slots = 64
+    keys = sorted({int(k) for k in rng.integers(-slots + 1, slots, size=4)} | {1, -8})
+    chain = KeyChain(keys, slots)
+    want = _brute_force(keys, slots)
+    for step in range(-slots, 2 * slots):
+        hops = want.get(step % slots)
+        if hops is None:  # unreachable within 6 keys: the chain must be longer (or impossible)
+            continue
+        assert chain.switches(step) == hops, step
+        links = chain.chain(step)
+        assert len(links) == hops and sum(links) % slots == step % slots
+        assert all(link in keys for link in links)  # the steps exactly as the keys were made for them
+
+
+def test_a_chain_beats_the_naf_when_other_keys_are_held():
+    slots = 8192
+    keys = sorted(power_of_two_steps(slots) | {14, 78 - 64})
+    chain = KeyChain(keys, slots)
+    assert len(naf_terms(78)) == 3 and chain.switches(78) == 2  # 64 + 14, not 64 + 16 - 2
+    assert chain.switches(slots - 1) == 1 and chain.switches(0) == 0 and chain.chain(slots) == []
+    with pytest.raises(ValueError, match="no chain"):
+        KeyChain([2, 4], 16).switches(3)
+
+
+def test_keys_chosen_within_the_budget_save_switches_over_powers_of_two():
+    slots = 8192
+    uses = Counter({64 * m + d: 3 for m in range(1, 5) for d in (0, 2, 14, 16, -2, -14, -16)})
+    uses.update({192 * g: 1 for g in range(1, 40)})
+    budget = len(power_of_two_steps(slots)) + 8
+    keys = choose_key_steps(uses, slots, budget)
+    assert len(keys) <= budget and power_of_two_steps(slots) <= set(keys)
+    chosen = KeyChain(keys, slots)
+    powers = KeyChain(power_of_two_steps(slots), slots)
+    total = sum(n * chosen.switches(s) for s, n in uses.items())
+    assert total < sum(n * powers.switches(s) for s, n in uses.items())
+    # what the previous rule kept (+-2^i plus the most used steps) costs at least as much
+    extra = [s for s, _ in sorted(uses.items(), key=lambda kv: (-kv[1], kv[0])) if s not in power_of_two_steps(slots)]
+    previous = KeyChain(power_of_two_steps(slots) | set(extra[:8]), slots)
+    assert total <= sum(n * previous.switches(s) for s, n in uses.items())
+
+
+def test_every_used_step_gets_a_key_when_they_fit_and_a_tiny_budget_is_refused():
+    uses = Counter({3: 1, 5: 2, 4095: 1})
+    assert choose_key_steps(uses, 4096, 10) == [3, 5, 4095]
+    assert choose_key_steps(uses, 4096, None) == [3, 5, 4095]
+    with pytest.raises(LoweringError, match="power-of-two keys"):
+        select_galois_steps(Counter({s: 1 for s in range(1, 40)}), 4096, 5)
