@@ -31,6 +31,7 @@ from polyfhe.export.ckks.counters import plan_counters
 from polyfhe.export.ckks.lower import lower_onnx
 from polyfhe.export.ckks.matmul import expand_matmuls, slots_available
 from polyfhe.export.ckks.plan import max_samples_per_ciphertext, plan_batch, plan_single
+from polyfhe.export.ckks.replicate import replicate_input as replicated
 from polyfhe.export.ckks.spend import MIN_SPEND_SCALE_BITS, LevelSpend, spend_budget, spend_levels
 from polyfhe.fhe.backends import DEFAULT_BACKEND, BackendUnavailable, KeySetTooLarge, get_backend
 from polyfhe.fhe.bootparams import (
@@ -171,6 +172,8 @@ def _manifest(plan, circuit: Circuit, params: CKKSParams, layout: str, input_ran
         galois_steps=tuple(plan.galois_steps), input_range=input_range, info=info,
         input_slots=plan.input_slots, output_slots=plan.output_slots,
         samples_per_ciphertext=int(plan.stats.get("samples_per_ciphertext", 1)),
+        input_gather=() if circuit.input_gather is None or layout != "single"
+        else tuple(int(i) for i in circuit.input_gather),
     )
 
 
@@ -263,6 +266,7 @@ def export_ckks(
     spend_levels: bool = True,
     bootstrap: str = "auto",
     bootstrap_memory: int | None = None,
+    replicate_input: bool = True,
     _force_bootstrap: bool = False,
 ) -> CKKSProgram:
     """Compile ``model`` (module or ONNX) into a CKKS program for ``layout`` ("single" or "batch").
@@ -284,6 +288,9 @@ def export_ckks(
     cheaper residual chains whose keys would not fit are passed over, and said so in the log. A leveled ring
     the engine cannot serve (Lattigo: its Galois keys alone over a server's context limit) is given up for a
     bootstrapped residual ring when bootstrapping is allowed.
+    ``replicate_input`` (single layout): let the client pack each token's input window im2col-style (pixels
+    written to several slots) when that cuts the diagonals of the maps reading the input (``replicate.py``:
+    overlapping strided stems); ``False`` packs every input value once.
     """
     from polyfhe.analysis import analyze
 
@@ -308,8 +315,9 @@ def export_ckks(
         raise CKKSExportError(f"{name} is not polynomial, so it cannot run under CKKS: {shown}")
     try:
         circuit = lower_onnx(proto)
-        circuit = expand_matmuls(circuit, slots_available(params, poly_modulus_degree, may_bootstrap)) \
-            if layout == "single" else circuit  # ct x ct MatMul as replicate / multiply / sum maps
+        if layout == "single":  # ct x ct MatMul as replicate / multiply / sum maps
+            circuit = expand_matmuls(circuit, slots_available(params, poly_modulus_degree, may_bootstrap))
+            circuit = replicated(circuit) if replicate_input else circuit
     except LoweringError as exc:
         raise CKKSExportError(f"{name}: {exc}") from exc
     max_abs, input_range, cal_info = _calibration_ranges(circuit, calibration)
@@ -401,7 +409,7 @@ def export_ckks(
                            scale_bits=scale_bits, allow_insecure=allow_insecure, batch_memory_budget=batch_memory_budget,
                            galois_key_budget=galois_key_budget, samples_per_ciphertext=samples_per_ciphertext,
                            backend=backend, spend_levels=False, bootstrap=bootstrap,
-                           bootstrap_memory=bootstrap_memory, _force_bootstrap=True)
+                           bootstrap_memory=bootstrap_memory, replicate_input=replicate_input, _force_bootstrap=True)
     except (ParameterError, ValueError) as exc:
         raise CKKSExportError(f"{name} on backend {backend!r}: {exc}") from exc
     log.info("CKKS program %s: %s, %s, depth %d, %d Galois keys, %d sample(s) per ciphertext", program.program_id,

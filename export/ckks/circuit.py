@@ -63,10 +63,15 @@ class Circuit:
     sizes: dict[int, int] = field(default_factory=dict)
     shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)  # register -> ONNX tensor shape
     output: int = 0
+    # replicated input packing (``replicate.py``): register 0 holds the flat input's elements ``input_gather``
+    # (some more than once) at slots ``input_slots``; None: register 0 is the flat input itself
+    input_gather: np.ndarray | None = None
+    input_slots: np.ndarray | None = None
 
     @property
     def input_size(self) -> int:
-        return self.sizes[0]
+        """Values per sample the client gives (register 0 may hold more: a replicated packing)."""
+        return int(np.prod(self.input_shape)) if self.input_gather is not None else self.sizes[0]
 
     @property
     def output_size(self) -> int:
@@ -99,6 +104,8 @@ class Circuit:
     def evaluate(self, x: np.ndarray, keep: bool = False) -> np.ndarray | dict[int, np.ndarray]:
         """Run on plaintext ``x`` of shape ``(batch, *input_shape)`` or ``(batch, input_size)`` in float64."""
         regs = {0: np.asarray(x, dtype=np.float64).reshape(len(x), -1)}
+        if self.input_gather is not None:
+            regs[0] = regs[0][:, self.input_gather]
         for node in self.nodes:
             regs[node.out] = _EVAL[type(node)](node, regs)
         return regs if keep else regs[self.output]

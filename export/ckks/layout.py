@@ -144,7 +144,10 @@ def input_packing(matrix, out_shape: tuple[int, ...], slots: int) -> np.ndarray:
 
 
 def circuit_input_packing(circuit: Circuit, slots: int) -> np.ndarray:
-    """The input's packing for the first map of ``circuit`` that reads it (the natural order if none does)."""
+    """The input's packing for the first map of ``circuit`` that reads it (the natural order if none does), or
+    the replicated packing ``replicate.py`` fixed."""
+    if circuit.input_slots is not None:
+        return circuit.input_slots
     first = next((n for n in circuit.nodes if isinstance(n, LinearNode) and 0 in n.inputs), None)
     if first is None:
         return natural(circuit.shapes[0])

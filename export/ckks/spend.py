@@ -22,6 +22,7 @@ import onnx
 from polyfhe.export.ckks.circuit import Circuit
 from polyfhe.export.ckks.cost import circuit_cost
 from polyfhe.export.ckks.lower import factoring_sites, lower_onnx
+from polyfhe.export.ckks.replicate import replicate_input
 from polyfhe.fhe.params import max_levels
 
 __all__ = ["MIN_SAVING", "MIN_SPEND_SCALE_BITS", "LevelSpend", "spend_budget", "spend_levels"]
@@ -57,6 +58,8 @@ def spend_levels(proto: onnx.ModelProto, merged: Circuit, budget: int) -> LevelS
     if not sites or budget <= merged.depth:
         return keep
     factored = lower_onnx(proto, frozenset(sites))
+    if merged.input_gather is not None:  # the input packed as the merged circuit's is
+        factored = replicate_input(factored)
     if factored.depth > budget:
         log.info("factoring %d depthwise convolutions needs %d levels; the ring offers %d: kept merged",
                  len(sites), factored.depth, budget)

@@ -59,6 +59,9 @@ def add_parser(subparsers: Any) -> None:
                    help="single layout: keep every map merged at the analyzer's level bound (most precise) instead "
                         "of computing depthwise convolutions on their own when levels are spare and it is clearly "
                         "cheaper")
+    p.add_argument("--no-replicate-input", dest="replicate_input", action="store_false",
+                   help="single layout: pack every input value once instead of letting the client lay out each "
+                        "token's window im2col-style when that needs fewer diagonals (overlapping strided stems)")
     p.add_argument("--bootstrap", choices=("auto", "off"), default="auto",
                    help="ckks, single layout, lattigo: bootstrap when the model needs more levels than a leveled "
                         "ring offers (auto), or refuse such a model (off)")
@@ -297,7 +300,7 @@ def _export_ckks(console: Any, model: Any, name: str, shape: tuple[int, ...] | N
         raise ExportInputError(str(exc)) from None
     program = export_ckks(model, calibration=calibration, layout=args.layout,
                           samples_per_ciphertext=args.samples_per_ciphertext, backend=args.backend,
-                          spend_levels=args.spend_levels, bootstrap=args.bootstrap,
+                          spend_levels=args.spend_levels, replicate_input=args.replicate_input, bootstrap=args.bootstrap,
                           bootstrap_memory=None if args.bootstrap_memory is None else int(args.bootstrap_memory * 1e9),
                           **kwargs)
     program.save(args.out)
@@ -305,6 +308,16 @@ def _export_ckks(console: Any, model: Any, name: str, shape: tuple[int, ...] | N
     console.print(f"[green]saved[/] CKKS program to {args.out}; run it with "
                   f"`polyfhe run {args.out} --input IMAGE.png|X.npy`")
     return 0
+
+
+def _packing(m: Any) -> str:
+    """How the client lays out the input (``export/ckks/replicate.py``)."""
+    if m.layout != "single":
+        return "one ciphertext per value"
+    if not m.input_gather:
+        return f"each of the {m.input_size} values once"
+    return (f"replicated (im2col): {len(m.input_gather)} slots for {m.input_size} values, each token's window "
+            "in its own block")
 
 
 def _spent(spend: dict | None) -> str:
@@ -356,7 +369,7 @@ def summary_table(program: Any, out: Path, name: str) -> Any:
         ("modulus chain (bits)", f"{list(p.coeff_mod_bits)} = {p.total_bits} (security {p.security})"),
         ("scale", f"2^{p.scale_bits}"), ("levels used / available", f"{m.depth} / {p.levels}"),
         ("levels: analyzer's lower bound", info.get("analyzer", {}).get("levels", "-")),
-        ("levels spent", _spent(info.get("level_spend"))), ("bootstraps", _bootstraps(info.get("bootstrap"))),
+        ("input packing", _packing(m)), ("levels spent", _spent(info.get("level_spend"))), ("bootstraps", _bootstraps(info.get("bootstrap"))),
         ("degree", info.get("degree", "-")), ("linear maps / ct x ct products",
                                              f"{info.get('linear_maps', '-')} / {info.get('products', '-')}"),
         ("plaintext diagonals", info.get("plaintext_diagonals", "-")), ("Galois keys", len(m.galois_steps)),

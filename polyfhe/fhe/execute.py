@@ -354,7 +354,7 @@ def pack_single(manifest, values: np.ndarray) -> np.ndarray:
     """Slot vector for up to ``samples_per_ciphertext`` samples (rows of ``values``): the program's public packing.
 
     Each sample's virtual vector repeats its input every ``input_period`` slots; sample j goes to the real slots
-    ``u*k + j``; unused lanes stay zero.
+    ``u*k + j``; unused lanes stay zero. A replicated packing (``input_gather``) writes some values to several slots.
     """
     rows = np.atleast_2d(np.asarray(values, dtype=np.float64))
     lanes, virtual = manifest.samples_per_ciphertext, manifest.virtual_slots
@@ -362,7 +362,8 @@ def pack_single(manifest, values: np.ndarray) -> np.ndarray:
         raise ValueError(f"{len(rows)} samples do not fit one ciphertext of this program ({lanes} per ciphertext)")
     period = int(manifest.info.get("input_period", virtual))
     grid = np.zeros((lanes, period))
-    grid[: len(rows), list(manifest.input_slots)] = rows
+    gather = getattr(manifest, "input_gather", ())
+    grid[: len(rows), list(manifest.input_slots)] = rows[:, list(gather)] if gather else rows
     return np.tile(grid, (1, virtual // period)).T.reshape(-1)
 
 

@@ -77,6 +77,9 @@ class ProgramManifest:
     input_slots: tuple[int, ...] = ()  # single layout: the slot of each input element (public packing)
     output_slots: tuple[int, ...] = ()  # single layout: the slot of each output element
     samples_per_ciphertext: int = 1  # single layout: k interleaved samples (sample j in slots u*k + j)
+    # single layout, replicated packing: packed value i is input element input_gather[i], at slot input_slots[i]
+    # (empty: packed value i is input element i)
+    input_gather: tuple[int, ...] = ()
     program_id: str = ""
     format: str = FORMAT
     backend: str = "seal"  # the engine whose client makes its keys and whose server runs it
@@ -90,6 +93,7 @@ class ProgramManifest:
             "galois_steps": list(self.galois_steps), "input_range": list(self.input_range), "info": self.info,
             "input_slots": list(self.input_slots), "output_slots": list(self.output_slots),
             "samples_per_ciphertext": self.samples_per_ciphertext, "backend": self.backend,
+            **({"input_gather": list(self.input_gather)} if self.input_gather else {}),  # older ids stay valid
         }
 
     @classmethod
@@ -108,6 +112,11 @@ class ProgramManifest:
             if lanes < 1 or lanes & (lanes - 1) or slots % lanes or (lanes > 1 and d["layout"] != "single"):
                 raise ValueError(f"samples_per_ciphertext={lanes} must be a power of two dividing the {slots} "
                                  "slots, and 1 outside the single layout")
+            gather = tuple(int(i) for i in d.get("input_gather", []))
+            if gather and (len(gather) != len(d.get("input_slots", [])) or min(gather) < 0
+                           or max(gather) >= int(d["input_size"])):
+                raise ValueError(f"input_gather must give one input element (0..{int(d['input_size']) - 1}) per "
+                                 f"packed slot ({len(d.get('input_slots', []))}), got {len(gather)} values")
             return cls(
                 layout=d["layout"], params=CKKSParams.from_dict(d["params"]),
                 input_shape=tuple(int(i) for i in d["input_shape"]), input_size=int(d["input_size"]),
@@ -118,7 +127,7 @@ class ProgramManifest:
                 info=dict(d.get("info", {})), program_id=str(d.get("program_id", "")),
                 input_slots=tuple(int(i) for i in d.get("input_slots", [])),
                 output_slots=tuple(int(i) for i in d.get("output_slots", [])), samples_per_ciphertext=lanes,
-                backend=str(d.get("backend", "seal")),
+                backend=str(d.get("backend", "seal")), input_gather=gather,
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ProgramError(f"malformed program manifest: {type(exc).__name__}: {exc}") from exc
