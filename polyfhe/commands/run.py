@@ -199,7 +199,7 @@ def encrypted_run(program: Any, x: np.ndarray, plaintext_cache_bytes: int | None
                   progress: bool = False) -> dict:
     """Keys, encrypt, evaluate, decrypt; timings in seconds, sizes in bytes, error against ``run_plain``.
 
-    ``plaintext_cache_bytes``: budget of the program's plaintext store (``None``: the default, 3 GiB).
+    ``plaintext_cache_bytes``: budget of the program's plaintext store (``None``: the default, half of the machine's memory).
     ``client``: keys restored elsewhere (``None``: made here). ``progress``: bars on stderr when it is a terminal."""
     from polyfhe.commands.progress import progress_bar
 

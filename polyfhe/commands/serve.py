@@ -71,10 +71,11 @@ def add_parser(subparsers: Any) -> None:
                    help=f"evaluations running at once (default: CPU count, {d.max_concurrency})")
     p.add_argument("--max-queue", type=non_negative_int, default=d.max_queue, metavar="N",
                    help=f"requests waiting for a worker (default {d.max_queue}; past it: 503 with Retry-After)")
-    p.add_argument("--plaintext-cache-mb", type=non_negative_float, default=DEFAULT_PLAINTEXT_BYTES / MIB,
+    p.add_argument("--plaintext-cache-mb", type=non_negative_float, default=None,
                    metavar="MB", help="encoded plaintext diagonals kept per model, shared by its sessions; past it "
-                                      "the cheapest are encoded again on every request "
-                                      f"(default {DEFAULT_PLAINTEXT_BYTES / MIB:g} MiB, 0: none)")
+                                      "the cheapest are encoded again on every request (default: half of this "
+                                      f"machine's memory, {DEFAULT_PLAINTEXT_BYTES / MIB:g} MiB, split between the "
+                                      "models; 0: none)")
     add_threads_argument(p)
     p.add_argument("--access-log", action="store_true", help="also print uvicorn's access log (it shows session ids)")
     p.add_argument("--test-eval-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: a slow model
@@ -104,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     try:
         config = config_from_args(args)
-        registry = Registry(config.programs_dir, plaintext_cache_bytes=int(args.plaintext_cache_mb * MIB))
+        registry = Registry(config.programs_dir, plaintext_cache_bytes=None if args.plaintext_cache_mb is None
+                            else int(args.plaintext_cache_mb * MIB))
     except (ValueError, RegistryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

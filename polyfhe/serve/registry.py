@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from polyfhe.fhe.params import estimated_sizes as params_sizes
-from polyfhe.fhe.plaintexts import store_with_budget
+from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES, store_with_budget
 from polyfhe.fhe.program import CKKSProgram, ProgramError, load_program
 
 __all__ = ["CARD_FILE", "Model", "Registry", "RegistryError", "estimated_sizes"]
@@ -110,7 +110,7 @@ class Registry:
 
     def __init__(self, root: Path, plaintext_cache_bytes: int | None = None) -> None:
         """``plaintext_cache_bytes``: budget of each program's plaintext store, shared by the sessions of that
-        model (``None``: the store's default, 3 GiB)."""
+        model (``None``: the store's default, half of the machine's memory, split between the programs)."""
         self.root = Path(root)
         self.plaintext_cache_bytes = plaintext_cache_bytes
         self.models: dict[str, Model] = {}
@@ -122,6 +122,13 @@ class Registry:
             p for p in self.root.iterdir() if p.is_dir() and (p / "manifest.json").is_file())
         for folder in folders:
             self._add(folder)
+        ckks = [m.program for m in self.models.values() if m.program.scheme == "ckks"]
+        budget = plaintext_cache_bytes if plaintext_cache_bytes is not None else \
+            DEFAULT_PLAINTEXT_BYTES // max(1, len(ckks))  # the machine's share, not that much per model
+        for program in ckks:
+            store_with_budget(program.shared.plaintexts, budget)  # its servers share it
+        if ckks:
+            log.info("plaintext store: %.0f MiB per model", budget / 2**20)
         if not self.models:
             detail = "; ".join(f"{k}: {v}" for k, v in self.skipped.items()) or "no subfolder holds manifest.json"
             raise RegistryError(f"no usable CKKS program under {self.root} ({detail}); export one with "
@@ -153,7 +160,6 @@ class Registry:
             self.skipped[name] = str(exc)
             log.warning("skipping program %s: %s", name, exc)
             return
-        store_with_budget(program.shared.plaintexts, self.plaintext_cache_bytes)  # its servers share it
         self.models[name] = Model(name, program, _read_card(folder))
         log.info("serving model %s (program %s, %s)", name, program.program_id, program.params.describe())
 
