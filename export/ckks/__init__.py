@@ -64,7 +64,7 @@ BATCH_MEMORY_BUDGET = 8 << 30  # bytes of live ciphertexts the batch layout may 
 RESCALE_GIANTS_MIN_SCALE_BITS = 35
 # Lattigo's primes lie up to a few millionths of a bit above 2^bits, so the 128-bit bound is kept with a bit to spare
 ENGINE_RESERVE_BITS = {"lattigo": 1}
-GALOIS_KEY_BUDGET = 1 << 30  # bytes of Galois keys in a public context (beyond it, rotations are composed)
+GALOIS_KEY_BUDGET = 3 << 30  # bytes of Galois keys in a public context (beyond it, rotations are chains of keys)
 
 
 def galois_key_bytes(params: CKKSParams) -> int:

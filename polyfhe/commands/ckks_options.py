@@ -25,8 +25,9 @@ def add_ckks_parameter_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-insecure", action="store_true",
                    help="accept parameters below 128-bit security, with a loud warning (experiments only)")
     g.add_argument("--galois-key-budget-mb", type=non_negative_float, default=GALOIS_KEY_BUDGET / MIB, metavar="MB",
-                   help="seal: rotation keys in the public context; past it rare rotations are composed from "
-                        f"power-of-two keys (default {GALOIS_KEY_BUDGET / MIB:g} MiB)")
+                   help="seal: rotation keys in the public context (as sent); past it, rotations by steps without "
+                        "a key are chains of keyed steps, several key switches each (default "
+                        f"{GALOIS_KEY_BUDGET / MIB:g} MiB)")
     g.add_argument("--batch-memory-mb", type=non_negative_float, default=BATCH_MEMORY_BUDGET / MIB, metavar="MB",
                    help="batch layout: live ciphertexts the plan may hold; a model needing more is refused "
                         f"(default {BATCH_MEMORY_BUDGET / MIB:g} MiB)")

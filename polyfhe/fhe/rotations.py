@@ -72,30 +72,27 @@ class KeyChain:
         return out
 
 
-def choose_key_steps(uses: Mapping[int, int], slots: int, max_keys: int | None) -> list[int]:
-    """Exactly the steps used when they fit ``max_keys``; else the +-2^i keys (every step stays reachable) plus,
-    one at a time, the used step whose key saves the most key switches over all uses (greedy)."""
-    used = {int(s): int(n) for s, n in uses.items() if int(s) % slots}
-    if max_keys is None or len(used) <= max_keys:
-        return sorted(used)
-    keys = set(power_of_two_steps(slots))
-    if len(keys) > max_keys:
-        raise ValueError(f"max_galois_keys={max_keys} is below the {len(keys)} power-of-two keys needed to "
-                         "compose every rotation")
-    steps = np.array(sorted(used), dtype=np.int64)
-    weight = np.array([used[s] for s in steps], dtype=np.int64)
+UNREACHABLE = 1 << 20  # key switches charged to a used step no chain of the chosen keys makes (greedy only)
+
+
+def _greedy_keys(start: set[int], candidates: np.ndarray, steps: np.ndarray, weight: np.ndarray, slots: int,
+                 max_keys: int) -> set[int]:
+    """``start`` plus, one at a time, the candidate whose key saves the most key switches over all uses (a step
+    no chain reaches counts :data:`UNREACHABLE`), while the budget allows and a key still saves one."""
+    keys = set(start)
     while len(keys) < max_keys:
         dist, _ = _distances(keys, slots)
+        dist = np.where(dist < 0, UNREACHABLE, dist)
         now = dist[steps % slots]
-        cost = int((weight * now).sum())
         held = {k % slots for k in keys}
-        best, best_cost = None, cost
-        for cand in steps:
+        best, best_cost = None, int((weight * now).sum())
+        longest = int(now[now < UNREACHABLE].max(initial=0)) + 1
+        for cand in candidates:
             if cand % slots in held:
                 continue
-            # a chain using the new key j times and old keys otherwise: j + dist(step - j * key)
+            # a chain using the new key j times and the held keys otherwise: j + dist(step - j * key)
             after = now.copy()
-            for j in range(1, int(now.max()) + 1):
+            for j in range(1, max(longest, 2) + 1):
                 after = np.minimum(after, j + dist[(steps - j * cand) % slots])
             total = int((weight * after).sum())
             if total < best_cost:
@@ -103,4 +100,30 @@ def choose_key_steps(uses: Mapping[int, int], slots: int, max_keys: int | None) 
         if best is None:
             break  # no key saves a switch: leave the rest of the budget unspent
         keys.add(best)
-    return sorted(keys)
+    return keys
+
+
+def choose_key_steps(uses: Mapping[int, int], slots: int, max_keys: int | None) -> list[int]:
+    """Exactly the steps used when they fit ``max_keys``; else the cheaper (in key switches over all uses) of two
+    greedy sets: the +-2^i keys (every step reachable) plus the used steps that save the most, and used steps
+    alone, chosen from nothing, when they reach every used step (the +-2^i keys spend 2 log2(slots) keys on
+    offsets a plan may never use)."""
+    used = {int(s): int(n) for s, n in uses.items() if int(s) % slots}
+    if max_keys is None or len(used) <= max_keys:
+        return sorted(used)
+    base = power_of_two_steps(slots)
+    if len(base) > max_keys:
+        raise ValueError(f"max_galois_keys={max_keys} is below the {len(base)} power-of-two keys needed to "
+                         "compose every rotation")
+    steps = np.array(sorted(used), dtype=np.int64)
+    weight = np.array([used[s] for s in steps], dtype=np.int64)
+
+    def total(keys: set[int]) -> int:
+        dist, _ = _distances(keys, slots)
+        reach = dist[steps % slots]
+        return int((weight * reach).sum()) if np.all(reach >= 0) else -1
+
+    with_base = _greedy_keys(base, steps, steps, weight, slots, max_keys)
+    free = _greedy_keys(set(), steps, steps, weight, slots, max_keys)
+    free_total = total(free)
+    return sorted(free if 0 <= free_total < total(with_base) else with_base)

@@ -10,7 +10,7 @@ import pytest
 
 from polyfhe.export.ckks.affine import LoweringError
 from polyfhe.export.ckks.plan import select_galois_steps
-from polyfhe.fhe.rotations import KeyChain, choose_key_steps, power_of_two_steps
+from polyfhe.fhe.rotations import KeyChain, _greedy_keys, choose_key_steps, power_of_two_steps
 from polyfhe.fhe.seal_backend import naf_terms
 
 
@@ -56,8 +56,8 @@ def test_keys_chosen_within_the_budget_save_switches_over_powers_of_two():
     uses.update({192 * g: 1 for g in range(1, 40)})
     budget = len(power_of_two_steps(slots)) + 8
     keys = choose_key_steps(uses, slots, budget)
-    assert len(keys) <= budget and power_of_two_steps(slots) <= set(keys)
-    chosen = KeyChain(keys, slots)
+    assert len(keys) <= budget
+    chosen = KeyChain(keys, slots)  # every used step has a chain (switches raises otherwise)
     powers = KeyChain(power_of_two_steps(slots), slots)
     total = sum(n * chosen.switches(s) for s, n in uses.items())
     assert total < sum(n * powers.switches(s) for s, n in uses.items())
@@ -65,6 +65,23 @@ def test_keys_chosen_within_the_budget_save_switches_over_powers_of_two():
     extra = [s for s, _ in sorted(uses.items(), key=lambda kv: (-kv[1], kv[0])) if s not in power_of_two_steps(slots)]
     previous = KeyChain(power_of_two_steps(slots) | set(extra[:8]), slots)
     assert total <= sum(n * previous.switches(s) for s, n in uses.items())
+
+
+def test_keys_chosen_from_the_used_steps_alone_when_they_reach_every_step_for_less():
+    """Channel-mixing offsets (multiples of a 64-slot token block plus a few taps) are reached from a handful of
+    used steps; the +-2^i keys would spend 26 of the budget on offsets no map uses."""
+    slots = 8192
+    uses = Counter({64 * m + d: 2 for m in range(1, 33) for d in (0, 1, -1)})
+    budget = len(power_of_two_steps(slots)) + 2
+    keys = choose_key_steps(uses, slots, budget)
+    chosen = KeyChain(keys, slots)
+    total = sum(n * chosen.switches(s) for s, n in uses.items())
+    assert len(keys) <= budget and not power_of_two_steps(slots) <= set(keys)
+    assert set(keys) <= set(uses)  # used steps only
+    steps = np.array(sorted(uses))
+    weight = np.array([uses[s] for s in steps])
+    with_powers = KeyChain(_greedy_keys(power_of_two_steps(slots), steps, steps, weight, slots, budget), slots)
+    assert total < sum(n * with_powers.switches(s) for s, n in uses.items())
 
 
 def test_every_used_step_gets_a_key_when_they_fit_and_a_tiny_budget_is_refused():
