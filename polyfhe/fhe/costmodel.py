@@ -227,11 +227,18 @@ def predict(workload: Workload, costs: OpCosts, *, machine_bytes: int | None = -
     machine = machine_memory_budget(0.9) if machine_bytes == -1 else machine_bytes
     warm = {s: c for s, c in workload.tally.items() if s.op != "encode"}
     encodes = {s: c for s, c in workload.tally.items() if s.op == "encode"}
+    keys = key_bytes(costs, params, workload.galois_keys, workload.relin)
+    live = workload.live_ciphertexts * estimated_sizes(params, 0)["ciphertext"]
     held, re_encoded = workload.plaintext_bytes, {}
-    if workload.engine == "seal" and workload.plaintext_bytes > plaintext_budget:
-        held = plaintext_budget  # the store keeps what fits; the rest is encoded again on every run
-        share = 1.0 - plaintext_budget / workload.plaintext_bytes
-        re_encoded = {s: c * share for s, c in encodes.items()}
+    if workload.engine == "seal":
+        in_memory = estimated_sizes(params, workload.galois_keys + workload.relin)["public_context"]
+        others = costs.base_rss_bytes + keys + SEAL_KEY_COPIES * in_memory + live
+        # the store stops at its budget, and earlier where the machine's memory runs short (plaintexts.py)
+        room = plaintext_budget if machine is None else min(plaintext_budget, max(0, machine - others))
+        if workload.plaintext_bytes > room:
+            held = room  # the store keeps what fits; the rest is encoded again on every run
+            share = 1.0 - room / workload.plaintext_bytes
+            re_encoded = {s: c * share for s, c in encodes.items()}
     boot_one = bootstrap_seconds(costs, workload.boot_spec, params)
     by_op = costs.by_op(merge(warm, re_encoded))
     if workload.bootstraps:
@@ -241,17 +248,13 @@ def predict(workload: Workload, costs: OpCosts, *, machine_bytes: int | None = -
         setup_s, cold_s = costs.seconds(encodes), eval_s
     else:  # SEAL's store encodes each plaintext on first use: the first query pays them
         setup_s, cold_s = 0.0, eval_s - costs.seconds(re_encoded) + costs.seconds(encodes)
-    keys = key_bytes(costs, params, workload.galois_keys, workload.relin)
     boot_keys = bootstrap_key_bytes(params, BootstrapSpec.from_dict(workload.boot_spec)) if workload.boot_spec else 0
-    ct = estimated_sizes(params, 0)["ciphertext"]
-    live = workload.live_ciphertexts * ct
     if workload.engine == "lattigo":
         container = workload.plaintexts * params.slots * 8
         peak = (costs.base_rss_bytes + LATTIGO_KEY_COPIES * keys + held + LATTIGO_CONTAINER_COPIES * container
                 + live + 2 * boot_keys)
     else:
-        in_memory = estimated_sizes(params, workload.galois_keys + workload.relin)["public_context"]
-        peak = costs.base_rss_bytes + keys + SEAL_KEY_COPIES * in_memory + held + live
+        peak = others + held
     return CostPrediction(
         engine=workload.engine, source=workload.source, params=params, samples=workload.samples,
         eval_seconds=eval_s, cold_seconds=cold_s, setup_seconds=setup_s, bootstrap_seconds=boot_one, key_bytes=keys,

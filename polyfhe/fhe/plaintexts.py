@@ -11,6 +11,11 @@ strictly cheaper ones: one program's runs ask for the same plaintexts in the sam
 such a cyclic pattern evicting an equally expensive incumbent would only evict each plaintext just before its
 next use (LRU thrash); keeping incumbents makes the hit rate the share that fits. Evicting drops the store's
 reference only; a caller still holding the plaintext keeps it alive (Python refcounting).
+
+The budget is a ceiling, not a promise: the store also stops growing while the machine's available memory
+(``MemAvailable``) would fall below :data:`MEMORY_RESERVE_FRACTION` of its physical memory, so a process that
+already holds gigabytes of keys (``polyfhe run`` keeps the client's and the server's) re-encodes what does not
+fit instead of being killed for memory. New plaintexts then displace only strictly cheaper ones, as at the budget.
 """
 
 from __future__ import annotations
@@ -43,6 +48,24 @@ def _half_of_memory() -> int:
 # Smaller budgets trade memory for time: what does not fit is encoded again on every run (about 2.5 ms per
 # plaintext at N=16384 with 12 primes, 0.6 ms with 2).
 DEFAULT_PLAINTEXT_BYTES = _half_of_memory()
+MEMORY_RESERVE_FRACTION = 0.1  # the store does not grow while less than this share of memory stays available
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says new allocations can still take without swapping (``MemAvailable``); None where
+    /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _memory_reserve() -> int:
+    return int(MEMORY_RESERVE_FRACTION * 2 * _half_of_memory())
 WORD_BYTES = 8  # SEAL keeps each coefficient modulo each prime in a 64-bit word
 
 
@@ -110,11 +133,17 @@ class PlaintextStore:
     """Thread-safe plaintexts by key within ``max_bytes``; ``lease(key, encode)`` is the way to use one."""
 
     def __init__(self, max_bytes: int = DEFAULT_PLAINTEXT_BYTES,
-                 measure: Callable[[Any], tuple[int, int]] = plaintext_cost) -> None:
+                 measure: Callable[[Any], tuple[int, int]] = plaintext_cost,
+                 available: Callable[[], int | None] = available_memory, reserve: int | None = None) -> None:
+        """``available()``: bytes the machine can still give (None: unknown, the budget alone bounds the store);
+        the store does not grow while that would leave less than ``reserve`` (default a tenth of memory)."""
         if max_bytes < 0:
             raise ValueError(f"max_bytes must not be negative, got {max_bytes}")
         self._max_bytes = int(max_bytes)
         self._measure = measure
+        self._available = available
+        self._reserve = _memory_reserve() if reserve is None else int(reserve)
+        self._memory_capped = False  # warned once that memory, not the budget, stopped the store
         self._lock = threading.Lock()
         self._entries: dict[Hashable, _Entry] = {}
         self._by_cost: dict[int, OrderedDict] = {}  # cost -> keys, least recently used first
@@ -224,8 +253,21 @@ class PlaintextStore:
         else:
             del self._pins[key]
 
+    def _room(self, nbytes: int) -> int:
+        """Bytes the store may hold after admitting ``nbytes`` more: its budget, or less when the machine's
+        available memory would fall below the reserve."""
+        available = self._available()
+        if available is None or available - nbytes >= self._reserve:
+            return self._max_bytes
+        if not self._memory_capped:
+            self._memory_capped = True
+            log.warning("plaintext store: stops growing at %.2f GB (budget %.2f GB): the machine has %.2f GB "
+                        "available and keeps %.2f GB in reserve; plaintexts that do not fit are encoded again on "
+                        "every run", self._bytes / 1e9, self._max_bytes / 1e9, available / 1e9, self._reserve / 1e9)
+        return min(self._max_bytes, self._bytes)
+
     def _admit(self, key: Hashable, value: Any, nbytes: int, cost: int) -> None:
-        victims = self._victims(self._bytes + nbytes - self._max_bytes, below_cost=cost)
+        victims = self._victims(self._bytes + nbytes - self._room(nbytes), below_cost=cost)
         if nbytes > self._max_bytes or victims is None:
             self._rejected += 1
             return

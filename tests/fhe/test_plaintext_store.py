@@ -58,6 +58,37 @@ def test_evicts_the_cheapest_first_and_the_least_recently_used_among_equals():
     assert (stats.evictions, stats.rejected, stats.bytes, stats.entries) == (4, 1, 300, 2)
 
 
+def test_stops_growing_when_the_machine_runs_short_of_memory_not_only_at_its_budget(caplog):
+    """A process holding gigabytes of keys: the store keeps what fits beside them and re-encodes the rest,
+    displacing only strictly cheaper plaintexts, instead of growing to its budget and being killed."""
+    free = {"bytes": 1_000}
+    store = PlaintextStore(10_000, measure=_measure, available=lambda: free["bytes"], reserve=700)
+
+    def put(pt):
+        value = _put(store, pt)
+        if pt.name in store:
+            free["bytes"] -= pt.nbytes  # what the store holds comes out of the machine's memory
+        return value
+
+    for name in "abc":
+        put(Fake(name, 2))
+    assert all(k in store for k in "abc") and free["bytes"] == 700  # 300 bytes taken, the reserve reached
+    with caplog.at_level("WARNING", logger="polyfhe.fhe.plaintexts"):
+        assert put(Fake("d", 2)).name == "d"  # used, not kept: memory, not the 10,000-byte budget, is short
+        put(Fake("e", 2))
+    assert "d" not in store and "e" not in store and store.stats().rejected == 2
+    assert sum("stops growing" in r.message for r in caplog.records) == 1  # said once
+    put(Fake("f", 9))  # a dearer plaintext still displaces a cheaper one: the store stays the same size
+    assert "f" in store and store.stats().bytes == 300 and store.stats().evictions == 1
+    free["bytes"] = 5_000  # memory freed elsewhere: the store grows again
+    put(Fake("g", 2))
+    assert "g" in store and store.stats().bytes == 400
+    unknown = PlaintextStore(250, measure=_measure, available=lambda: None, reserve=10**12)
+    for name in "xyz":
+        _put(unknown, Fake(name, 1))
+    assert unknown.stats().bytes == 200  # the platform does not say: the budget alone bounds it
+
+
 def test_cost_is_the_coefficient_count_so_low_level_plaintexts_go_first():
     class Pt:
         def __init__(self, primes: int) -> None:
