@@ -20,7 +20,9 @@ class ServeConfig:
     """
 
     programs_dir: Path
-    max_context_bytes: int = 2 << 30  # body of POST /v1/sessions
+    # body of POST /v1/sessions: what the library's CKKSServer accepts, so that every program the exporter makes by
+    # default is served (cpolynext_fhe_bn 28x28 with a key for every step: 2.5 GB; Lattigo's monet_fhe_bn: 2.6 GB)
+    max_context_bytes: int = 4 << 30
     max_ciphertext_bytes: int = 64 * MIB  # body of POST /v1/sessions/{id}/infer
     session_ttl_s: float = 15 * 60.0  # a session expires this long after its last use
     max_sessions: int = 16
