@@ -76,6 +76,9 @@ def add_parser(subparsers: Any) -> None:
                                       "the cheapest are encoded again on every request (default: half of this "
                                       f"machine's memory, {DEFAULT_PLAINTEXT_BYTES / MIB:g} MiB, split between the "
                                       "models; 0: none)")
+    p.add_argument("--warm", action="store_true",
+                   help="encode every model's plaintexts before serving (SEAL programs), so the first query costs "
+                        "what later ones do (cpolynext_fhe_bn at 28x28: 45 s and 12 GB at startup)")
     add_threads_argument(p)
     p.add_argument("--access-log", action="store_true", help="also print uvicorn's access log (it shows session ids)")
     p.add_argument("--test-eval-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: a slow model
@@ -91,6 +94,19 @@ def config_from_args(args: argparse.Namespace) -> Any:
         max_sessions=args.max_sessions, key_budget_bytes=int(args.key_budget_mb * MIB),
         request_timeout_s=args.request_timeout, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
         eval_delay_s=args.test_eval_delay)
+
+
+def _warm(registry: Any) -> None:
+    """Encode each served CKKS program's plaintexts now (``polyfhe/fhe/prewarm.py``), saying what it took."""
+    from polyfhe.fhe.prewarm import warm_plaintexts
+
+    for name in registry.names():
+        program = registry.models[name].program
+        if program.scheme != "ckks":
+            continue
+        stats = warm_plaintexts(program)
+        print(f"warmed {name}: {stats.encoded} plaintexts encoded in {stats.seconds:.1f} s "
+              f"({stats.bytes / 1e9:.2f} GB held)", flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, RegistryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.warm:
+        _warm(registry)
     app = create_app(config, registry)
     for name, reason in registry.skipped.items():
         print(f"warning: skipped {name}: {reason}", file=sys.stderr)

@@ -130,3 +130,20 @@ def test_python_client_refuses_insecure_manifest(server, programs):
     with (ServeClient("http://fake", transport=httpx.MockTransport(handler)) as api,
           pytest.raises(ServeError, match="below 128-bit security")):
         api.manifest(TINY)
+
+
+def test_warm_server_encodes_every_plaintext_before_serving(programs, samples, tmp_path):
+    """``polyfhe serve --warm``: each program's plaintexts are encoded at startup, as many as a first query needs."""
+    from serve_testlib import start_server
+
+    x, plain = samples
+    warm = start_server(programs["root"], tmp_path / "server.log", "--warm")
+    try:
+        text = warm.log_text()
+        for name in (TINY, OTHER):
+            planned = programs[name].manifest.info["planned"]["encodes_cold"]
+            assert re.search(rf"warmed {name}: {planned} plaintexts encoded in [0-9.]+ s", text), text
+        with ServeClient(warm.url) as api, api.open_session(TINY) as session:
+            np.testing.assert_allclose(session.infer(x[0]).logits, plain[0], atol=1e-3)
+    finally:
+        warm.stop()
