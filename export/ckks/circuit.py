@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Circuit", "LinearNode", "MatMulNode", "MulNode"]
+__all__ = ["Circuit", "LinearNode", "MatMulNode", "MulNode", "node_reads"]
 
 
 @dataclass
@@ -55,6 +55,11 @@ class MatMulNode:
 Node = LinearNode | MulNode | MatMulNode
 
 
+def node_reads(node) -> list[int]:
+    """The registers a circuit node reads: a linear map's inputs, or a product's two operands."""
+    return list(node.inputs) if isinstance(node, LinearNode) else [node.a, node.b]
+
+
 @dataclass
 class Circuit:
     input_shape: tuple[int, ...]
@@ -81,8 +86,7 @@ class Circuit:
         """Rescales consumed on the longest path to every register (the input is at 0)."""
         level = {0: 0}
         for node in self.nodes:
-            ins = node.inputs if isinstance(node, LinearNode) else [node.a, node.b]
-            level[node.out] = max(level[i] for i in ins) + 1
+            level[node.out] = max(level[i] for i in node_reads(node)) + 1
         return level
 
     def degrees(self) -> dict[int, int]:

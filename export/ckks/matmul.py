@@ -29,7 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from polyfhe.export.ckks.affine import LoweringError
-from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
+from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode, node_reads
 from polyfhe.fhe.bootparams import BOOTSTRAP_RING
 from polyfhe.fhe.params import RING_SIZES, CKKSParams
 
@@ -140,7 +140,7 @@ class _Rewriter:
     def drop_unread(self, candidates: set[int]) -> None:
         """Remove the operand maps whose only reader was a MatMul (they now live on, composed, in its replicas)."""
         while True:
-            read = {r for n in self.nodes for r in (n.inputs if isinstance(n, LinearNode) else (n.a, n.b))}
+            read = {r for n in self.nodes for r in node_reads(n)}
             dead = {r for r in candidates if r not in read and r != self.circuit.output}
             dead &= {n.out for n in self.nodes}
             if not dead:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import scipy.sparse as sp
 
-from polyfhe.export.ckks.circuit import Circuit, LinearNode
+from polyfhe.export.ckks.circuit import Circuit, LinearNode, node_reads
 from polyfhe.export.ckks.layout import (
     UNBOUNDED_SLOTS,
     circuit_input_packing,
@@ -190,7 +190,7 @@ def replicate_input(circuit: Circuit) -> Circuit:
     """
     if circuit.input_gather is not None:
         return circuit
-    positions = [i for i, n in enumerate(circuit.nodes) if 0 in _reads(n)]
+    positions = [i for i, n in enumerate(circuit.nodes) if 0 in node_reads(n)]
     geo = _geometry(circuit, [circuit.nodes[i] for i in positions])
     if geo is None:
         return circuit
@@ -237,10 +237,6 @@ def replicate_input(circuit: Circuit) -> Circuit:
     log.info("replicated input packing (im2col, %d window offsets x %d tokens, %d values): the maps reading the "
              "input need %d plaintext diagonals instead of %d", len(basis), geo.tokens, len(gather), after, before)
     return candidate
-
-
-def _reads(node) -> list[int]:
-    return list(node.inputs) if isinstance(node, LinearNode) else [node.a, node.b]
 
 
 def _reader_diagonals(circuit: Circuit) -> int:

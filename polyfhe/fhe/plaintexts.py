@@ -22,32 +22,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from polyfhe.fhe.bootparams import machine_memory_budget
+
 __all__ = ["DEFAULT_PLAINTEXT_BYTES", "PlaintextKey", "PlaintextStore", "StoreStats", "plaintext_cost", "store_with_budget"]
 
 log = logging.getLogger(__name__)
 
-
-
-def _half_of_memory() -> int:
-    """Half of this machine's physical memory (3 GiB where the platform does not say)."""
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) // 2
-    except (AttributeError, OSError, ValueError):
-        return 3 << 30
-
-
+_MEMORY = machine_memory_budget(1.0) or 6 << 30  # physical memory (6 GiB assumed where the platform does not say)
 # A program's plaintexts are encoded once while they fit, so the default is large enough to hold whole programs:
 # half of the machine's memory (12.3 GB on a 24 GB machine: the 28x28 FHE recipes need 4.6 GB and 12.1 GB).
 # Smaller budgets trade memory for time: what does not fit is encoded again on every run (about 2.5 ms per
 # plaintext at N=16384 with 12 primes, 0.6 ms with 2).
-DEFAULT_PLAINTEXT_BYTES = _half_of_memory()
+DEFAULT_PLAINTEXT_BYTES = _MEMORY // 2
 MEMORY_RESERVE_FRACTION = 0.1  # the store does not grow while less than this share of memory stays available
 
 
@@ -64,8 +56,6 @@ def available_memory() -> int | None:
     return None
 
 
-def _memory_reserve() -> int:
-    return int(MEMORY_RESERVE_FRACTION * 2 * _half_of_memory())
 WORD_BYTES = 8  # SEAL keeps each coefficient modulo each prime in a 64-bit word
 
 
@@ -142,7 +132,7 @@ class PlaintextStore:
         self._max_bytes = int(max_bytes)
         self._measure = measure
         self._available = available
-        self._reserve = _memory_reserve() if reserve is None else int(reserve)
+        self._reserve = int(MEMORY_RESERVE_FRACTION * _MEMORY) if reserve is None else int(reserve)
         self._memory_capped = False  # warned once that memory, not the budget, stopped the store
         self._lock = threading.Lock()
         self._entries: dict[Hashable, _Entry] = {}

@@ -55,6 +55,11 @@ class ScaleOps:
     def _last_prime(self, ct: _Shape) -> int:
         return self._primes[len(self._primes) - 1 - ct.level]
 
+    def _target_scale(self, ct: _Shape) -> float:
+        """The scale a product's plaintext is encoded at (``SealOps._target_scale``): back to the program's scale
+        after the rescale."""
+        return self._last_prime(ct) * self.scale / ct.scale
+
     def _encode(self, key: PlaintextKey, vec, level: int, scale: float) -> None:
         parms_id = self.seal.parms_id_at(level)
         self.store.get(key.encoded_at(parms_id, scale), lambda: self.seal.encode(vec, parms_id, scale))
@@ -69,12 +74,12 @@ class ScaleOps:
         return ct
 
     def mul_vector(self, ct: _Shape, vec: np.ndarray, key: PlaintextKey) -> _Shape:
-        target = self._last_prime(ct) * self.scale / ct.scale  # SealOps._target_scale
+        target = self._target_scale(ct)
         self._encode(key, vec, ct.level, target)
         return _Shape(ct.level, ct.scale * target)
 
     def mul_scalar(self, ct: _Shape, value: float) -> _Shape:
-        return _Shape(ct.level, ct.scale * (self._last_prime(ct) * self.scale / ct.scale))
+        return _Shape(ct.level, ct.scale * self._target_scale(ct))
 
     def add(self, a: _Shape | None, b: _Shape) -> _Shape:
         return b if a is None else a

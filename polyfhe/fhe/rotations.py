@@ -75,9 +75,8 @@ class KeyChain:
 UNREACHABLE = 1 << 20  # key switches charged to a used step no chain of the chosen keys makes (greedy only)
 
 
-def _greedy_keys(start: set[int], candidates: np.ndarray, steps: np.ndarray, weight: np.ndarray, slots: int,
-                 max_keys: int) -> set[int]:
-    """``start`` plus, one at a time, the candidate whose key saves the most key switches over all uses (a step
+def _greedy_keys(start: set[int], steps: np.ndarray, weight: np.ndarray, slots: int, max_keys: int) -> set[int]:
+    """``start`` plus, one at a time, the used step whose key saves the most key switches over all uses (a step
     no chain reaches counts :data:`UNREACHABLE`), while the budget allows and a key still saves one."""
     keys = set(start)
     while len(keys) < max_keys:
@@ -87,7 +86,7 @@ def _greedy_keys(start: set[int], candidates: np.ndarray, steps: np.ndarray, wei
         held = {k % slots for k in keys}
         best, best_cost = None, int((weight * now).sum())
         longest = int(now[now < UNREACHABLE].max(initial=0)) + 1
-        for cand in candidates:
+        for cand in steps:
             if cand % slots in held:
                 continue
             # a chain using the new key j times and the held keys otherwise: j + dist(step - j * key)
@@ -123,7 +122,7 @@ def choose_key_steps(uses: Mapping[int, int], slots: int, max_keys: int | None) 
         reach = dist[steps % slots]
         return int((weight * reach).sum()) if np.all(reach >= 0) else -1
 
-    with_base = _greedy_keys(base, steps, steps, weight, slots, max_keys)
-    free = _greedy_keys(set(), steps, steps, weight, slots, max_keys)
+    with_base = _greedy_keys(base, steps, weight, slots, max_keys)
+    free = _greedy_keys(set(), steps, weight, slots, max_keys)
     free_total = total(free)
     return sorted(free if 0 <= free_total < total(with_base) else with_base)

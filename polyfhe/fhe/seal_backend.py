@@ -277,25 +277,24 @@ class SealOps:
         if self.galois_keys is None:
             raise ValueError("this program needs rotations but the context holds no Galois keys")
         step = int(step)
-        if self._chain is not None and not self._chain.has_key(step):
-            chain = self._chain.chain(step)
-            for key in chain:
-                out = self.seal.sa.Ciphertext()
-                self.ev.rotate_vector(ct, key, self.galois_keys, out)
-                ct = out
-            with self._lock:
-                self.counts["rotations"] += 1
-                self.counts["key_switches"] += len(chain)
-            return ct
-        out = self.seal.sa.Ciphertext()
-        self.ev.rotate_vector(ct, step, self.galois_keys, out)
-        switches = self._rotation_costs.get(step)
-        if switches is None:  # once per step: the keys held do not change
-            switches = self._rotation_costs.setdefault(step, rotation_key_switches(step, self.slots, self._has_key))
+        # with the keys' steps known, the shortest chain of them (a held step is a chain of one); else SEAL's own
+        # rotation, which composes a step it has no key for from its NAF
+        links = self._chain.chain(step) if self._chain is not None else [step]
+        for link in links:
+            out = self.seal.sa.Ciphertext()
+            self.ev.rotate_vector(ct, link, self.galois_keys, out)
+            ct = out
+        switches = len(links) if self._chain is not None else self._naf_switches(step)
         with self._lock:
             self.counts["rotations"] += 1
             self.counts["key_switches"] += switches
-        return out
+        return ct
+
+    def _naf_switches(self, step: int) -> int:
+        switches = self._rotation_costs.get(step)
+        if switches is None:  # once per step: the keys held do not change
+            switches = self._rotation_costs.setdefault(step, rotation_key_switches(step, self.slots, self._has_key))
+        return switches
 
     def _has_key(self, step: int) -> bool:
         from polyfhe.fhe.client import galois_element  # client imports this module

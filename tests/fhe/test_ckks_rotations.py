@@ -80,7 +80,7 @@ def test_keys_chosen_from_the_used_steps_alone_when_they_reach_every_step_for_le
     assert set(keys) <= set(uses)  # used steps only
     steps = np.array(sorted(uses))
     weight = np.array([uses[s] for s in steps])
-    with_powers = KeyChain(_greedy_keys(power_of_two_steps(slots), steps, steps, weight, slots, budget), slots)
+    with_powers = KeyChain(_greedy_keys(power_of_two_steps(slots), steps, weight, slots, budget), slots)
     assert total < sum(n * with_powers.switches(s) for s, n in uses.items())
 
 
