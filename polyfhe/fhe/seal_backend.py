@@ -22,6 +22,7 @@ import numpy as np
 from polyfhe.fhe.params import CKKSParams
 from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES, PlaintextKey, PlaintextStore, store_with_budget
 from polyfhe.fhe.rotations import KeyChain
+from polyfhe.fhe.seal_native import native_kernels
 from polyfhe.fhe.sealbytes import (
     HEADER,
     SealLayout,
@@ -251,7 +252,10 @@ class SealOps:
         self.store = store_with_budget(plaintext_cache, max_cache_bytes)
         self.counts = dict.fromkeys(COUNTERS, 0)
         self._rotation_costs: dict[int, int] = {}  # step -> key switches, from the Galois keys held
+        self._keyed: dict[int, bool] = {}  # step -> whether the Galois keys hold its own key
         self._lock = threading.Lock()
+        # products, additions and rotations without the GIL, so the executor's threads share the cores
+        self.native = native_kernels(seal)
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -281,8 +285,10 @@ class SealOps:
         # rotation, which composes a step it has no key for from its NAF
         links = self._chain.chain(step) if self._chain is not None else [step]
         for link in links:
-            out = self.seal.sa.Ciphertext()
-            self.ev.rotate_vector(ct, link, self.galois_keys, out)
+            out = None if self.native is None else self.native.rotate(ct, link, self.galois_keys, self._keyed_step(link))
+            if out is None:
+                out = self.seal.sa.Ciphertext()
+                self.ev.rotate_vector(ct, link, self.galois_keys, out)
             ct = out
         switches = len(links) if self._chain is not None else self._naf_switches(step)
         with self._lock:
@@ -295,6 +301,12 @@ class SealOps:
         if switches is None:  # once per step: the keys held do not change
             switches = self._rotation_costs.setdefault(step, rotation_key_switches(step, self.slots, self._has_key))
         return switches
+
+    def _keyed_step(self, step: int) -> bool:
+        keyed = self._keyed.get(step)
+        if keyed is None:
+            keyed = self._keyed.setdefault(step, self._has_key(step))
+        return keyed
 
     def _has_key(self, step: int) -> bool:
         from polyfhe.fhe.client import galois_element  # client imports this module
@@ -325,9 +337,11 @@ class SealOps:
         return self.seal.encode(float(value), parms_id, scale)
 
     def mul_vector(self, ct, vec, key):
-        out = self.seal.sa.Ciphertext()
         with self._plaintext(key, vec, ct.parms_id(), self._target_scale(ct)) as pt:
-            self.ev.multiply_plain(ct, pt, out)
+            out = None if self.native is None else self.native.multiply_plain(ct, pt)
+            if out is None:
+                out = self.seal.sa.Ciphertext()
+                self.ev.multiply_plain(ct, pt, out)
         self._count("plain_products")
         return out
 
@@ -341,7 +355,8 @@ class SealOps:
     def add(self, a, b):
         if a is None:
             return b
-        self.ev.add_inplace(a, b)
+        if self.native is None or not self.native.add_inplace(a, b):
+            self.ev.add_inplace(a, b)
         return a
 
     def add_vector(self, ct, vec, key):

@@ -1,0 +1,229 @@
+"""SEAL's linear-map kernels called without the GIL, so the executor's threads use every core.
+
+TenSEAL's ``sealapi`` bindings hold Python's GIL for the whole of every SEAL call: the executor's thread pool
+ran one SEAL operation at a time however many cores the machine has (measured at N=16384: a rotation took 31 ms
+on one thread and 31 ms each on two). The same shared library exports SEAL's C++ entry points, and a function
+called through :mod:`ctypes` runs with the GIL released. :class:`NativeSeal` calls the four that carry a linear
+map's work that way: ciphertext copy, plaintext product (``multiply_plain_ntt``), addition and rotation
+(``rotate_internal``). Everything else (encoding, rescaling, relinearisation) stays on the bindings.
+
+What this relies on, and how it is kept safe:
+
+* **Object addresses.** A pybind11 instance keeps a pointer to its C++ object in its first value slot, right
+  after the Python object header (:func:`cpp_address`).
+* **A memory pool passed by value.** ``rotate_internal`` takes a ``seal::MemoryPoolHandle`` by value. Under the
+  Itanium C++ ABI such an argument is a caller-owned temporary passed by address, which the callee may move from
+  and the caller destroys afterwards. A fresh empty ``seal::Ciphertext`` holds a handle to SEAL's global pool as
+  the first member of its data array (:data:`POOL_HANDLE_OFFSET`); that member serves as the temporary and
+  dropping the ciphertext destroys it, so the pool's reference count stays balanced (the self-test checks it).
+* **No C++ exception may cross ctypes** (it would abort the process), so every call first checks in Python
+  what SEAL would check (parameters, NTT form, scales, a Galois key of the step's own) and returns ``None``
+  when anything is off; the caller then takes the bindings' path, which raises a Python error as before.
+* **Only the TenSEAL build these layouts were read from** (:data:`TESTED_TENSEAL`), and only after a self-test
+  on a throwaway ring has matched every kernel byte for byte against the bindings. Any other case, or
+  ``POLYFHE_SEAL_NATIVE=0``, keeps the bindings, and the log says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import os
+import sys
+import threading
+
+import numpy as np
+
+__all__ = ["NATIVE_ENV", "TESTED_TENSEAL", "NativeSeal", "cpp_address", "native_kernels"]
+
+log = logging.getLogger(__name__)
+
+NATIVE_ENV = "POLYFHE_SEAL_NATIVE"  # "0" keeps every SEAL call on TenSEAL's bindings
+TESTED_TENSEAL = "0.3.18"  # the build whose object layouts and exported symbols this module was written against
+
+# Itanium-mangled names of the SEAL functions called (exported by TenSEAL's _sealapi_cpp extension)
+SYMBOLS = {
+    "assign": "_ZN4seal10CiphertextaSERKS0_",  # Ciphertext& Ciphertext::operator=(const Ciphertext&)
+    "multiply_plain_ntt": "_ZNK4seal9Evaluator18multiply_plain_nttERNS_10CiphertextERKNS_9PlaintextE",
+    "add_inplace": "_ZNK4seal9Evaluator11add_inplaceERNS_10CiphertextERKS1_",
+    "rotate_internal": "_ZNK4seal9Evaluator15rotate_internalERNS_10CiphertextEiRKNS_10GaloisKeysENS_16MemoryPoolHandleE",
+}
+VALUE_SLOT_OFFSET = 16  # pybind11 instance: PyObject header (refcount, type), then the value pointer
+POOL_HANDLE_OFFSET = 80  # seal::Ciphertext: parms_id (32), is_ntt_form + padding (8), size, N, primes, scale,
+# correction factor (5 x 8), then its DynArray, whose first member is the MemoryPoolHandle (a shared_ptr)
+SHARED_PTR_USE_COUNT = 8  # std::shared_ptr's control block: vtable pointer, then the use count (int)
+
+_VOID = ctypes.c_void_p
+
+
+def cpp_address(obj) -> int:
+    """Address of the C++ object a pybind11 instance wraps."""
+    return ctypes.c_void_p.from_address(id(obj) + VALUE_SLOT_OFFSET).value
+
+
+def _same_scale(a: float, b: float) -> bool:
+    """SEAL's ``util::are_close`` for two scales (what ``add_inplace`` requires)."""
+    return abs(a - b) <= sys.float_info.epsilon * max(abs(a), abs(b), 1.0)
+
+
+class NativeSeal:
+    """The kernels for one :class:`~polyfhe.fhe.seal_backend.SealContext`; each returns ``None`` (nothing done)
+    when its preconditions do not hold, and the caller uses the bindings instead."""
+
+    def __init__(self, library: ctypes.CDLL, seal) -> None:
+        self.seal = seal
+        self.sa = seal.sa
+        self._evaluator = cpp_address(seal.evaluator)
+        self._assign = self._bind(library, "assign", [_VOID, _VOID], _VOID)
+        self._multiply = self._bind(library, "multiply_plain_ntt", [_VOID, _VOID, _VOID])
+        self._add = self._bind(library, "add_inplace", [_VOID, _VOID, _VOID])
+        self._rotate = self._bind(library, "rotate_internal", [_VOID, _VOID, ctypes.c_int, _VOID, _VOID])
+        self._bits: dict[tuple, int] = {}  # parms_id -> bits of the modulus at that level (SEAL's scale bound)
+        data = seal.context.first_context_data()
+        while data is not None:
+            self._bits[tuple(data.parms_id())] = data.total_coeff_modulus_bit_count()
+            data = data.next_context_data()
+
+    @staticmethod
+    def _bind(library: ctypes.CDLL, name: str, argtypes: list, restype=None):
+        fn = getattr(library, SYMBOLS[name])
+        fn.argtypes, fn.restype = argtypes, restype
+        return fn
+
+    def copy(self, ct):
+        out = self.sa.Ciphertext()
+        self._assign(cpp_address(out), cpp_address(ct))
+        return out
+
+    def multiply_plain(self, ct, pt):
+        """``ct * pt`` into a new ciphertext (not rescaled), or ``None``."""
+        parms = tuple(ct.parms_id())
+        bits = self._bits.get(parms)
+        scale = ct.scale * pt.scale
+        if (bits is None or not ct.is_ntt_form() or not pt.is_ntt_form() or tuple(pt.parms_id()) != parms
+                or not 0.0 < scale or int(math.log2(scale)) >= bits):
+            return None
+        out = self.copy(ct)
+        self._multiply(self._evaluator, cpp_address(out), cpp_address(pt))
+        return out
+
+    def add_inplace(self, a, b) -> bool:
+        """``a += b``; False (nothing done) when SEAL would refuse the pair."""
+        if (tuple(a.parms_id()) != tuple(b.parms_id()) or tuple(a.parms_id()) not in self._bits
+                or a.is_ntt_form() != b.is_ntt_form() or not _same_scale(a.scale, b.scale)):
+            return False
+        self._add(self._evaluator, cpp_address(a), cpp_address(b))
+        return True
+
+    def rotate(self, ct, step: int, galois_keys, has_key: bool):
+        """``ct`` rotated by ``step`` with the step's own Galois key (``has_key``: the caller checked it), or
+        ``None``. A step without a key is left to the bindings (SEAL would compose it, or throw)."""
+        if not has_key or ct.size() != 2 or tuple(ct.parms_id()) not in self._bits or not ct.is_ntt_form():
+            return None
+        out = self.copy(ct)
+        donor = self.sa.Ciphertext()  # its pool handle is the by-value argument (module docstring)
+        self._rotate(self._evaluator, cpp_address(out), int(step), cpp_address(galois_keys),
+                     cpp_address(donor) + POOL_HANDLE_OFFSET)
+        del donor
+        return out
+
+
+_STATE: dict[str, object] = {}
+_STATE_LOCK = threading.Lock()
+
+
+def _library() -> ctypes.CDLL | None:
+    """TenSEAL's extension opened for ctypes, once per process after the self-test; None when off (logged)."""
+    with _STATE_LOCK:
+        if "library" in _STATE:
+            return _STATE["library"]  # type: ignore[return-value]
+        library, reason = None, None
+        try:
+            import tenseal
+
+            if os.environ.get(NATIVE_ENV, "1") == "0":
+                reason = f"{NATIVE_ENV}=0"
+            elif getattr(tenseal, "__version__", None) != TESTED_TENSEAL:
+                reason = f"TenSEAL {getattr(tenseal, '__version__', '?')} is not the tested {TESTED_TENSEAL}"
+            elif not sys.platform.startswith("linux"):
+                reason = f"tested on Linux only, not {sys.platform}"
+            else:
+                import _sealapi_cpp
+
+                library = ctypes.CDLL(_sealapi_cpp.__file__)
+                mismatch = self_test(library)
+                if mismatch:
+                    library, reason = None, f"self-test failed: {mismatch}"
+        except (ImportError, OSError, AttributeError) as exc:
+            library, reason = None, f"{type(exc).__name__}: {exc}"
+        if library is None:
+            log.info("SEAL kernels stay on TenSEAL's bindings (one core per evaluation): %s", reason)
+        else:
+            log.debug("SEAL's linear-map kernels run without the GIL (ctypes)")
+        _STATE["library"] = library
+        return library
+
+
+def native_kernels(seal) -> NativeSeal | None:
+    """:class:`NativeSeal` for ``seal`` (a SealContext), or None where the native path is off."""
+    library = _library()
+    return None if library is None else NativeSeal(library, seal)
+
+
+def self_test(library: ctypes.CDLL) -> str | None:
+    """Run every kernel on a throwaway insecure ring against the bindings; the first difference, or None."""
+    from polyfhe.fhe.params import CKKSParams
+    from polyfhe.fhe.seal_backend import SealContext
+
+    params = CKKSParams(poly_modulus_degree=4096, coeff_mod_bits=(40, 30, 40), scale_bits=30, security="none")
+    seal = SealContext(params)
+    sa, ev = seal.sa, seal.evaluator
+    keygen = sa.KeyGenerator(seal.context)
+    public = sa.PublicKey()
+    keygen.create_public_key(public)
+    tool = seal.context.key_context_data().galois_tool()
+    steps = (1, 3, -2)
+    galois = sa.GaloisKeys()
+    keygen.create_galois_keys([tool.get_elt_from_step(s) for s in steps], galois)
+    rng = np.random.default_rng(0)
+    ct = sa.Ciphertext()
+    sa.Encryptor(seal.context, public).encrypt(seal.encode(rng.uniform(-1, 1, seal.slots), seal.parms_id_at(0),
+                                                           2.0**30), ct)
+    pt = seal.encode(rng.uniform(-1, 1, seal.slots), ct.parms_id(), 2.0**30)
+    native = NativeSeal(library, seal)
+
+    def same(a, b) -> bool:
+        return seal.dump(a) == seal.dump(b) and a.scale == b.scale
+
+    if not same(native.copy(ct), ct):
+        return "ciphertext copy"
+    want = sa.Ciphertext()
+    ev.multiply_plain(ct, pt, want)
+    got = native.multiply_plain(ct, pt)
+    if got is None or not same(got, want):
+        return "plaintext product"
+    want = sa.Ciphertext()
+    ev.add(ct, ct, want)
+    got = native.copy(ct)
+    if not native.add_inplace(got, ct) or not same(got, want):
+        return "addition"
+    pool = sa.Ciphertext()
+    pool_ctrl = ctypes.c_void_p.from_address(cpp_address(pool) + POOL_HANDLE_OFFSET + 8).value
+    if not pool_ctrl:
+        return "memory pool handle"
+    uses = ctypes.c_int.from_address(pool_ctrl + SHARED_PTR_USE_COUNT)
+    for step in steps:  # each result holds one pool reference; the by-value handle must leave none behind
+        before = uses.value
+        want = sa.Ciphertext()
+        ev.rotate_vector(ct, step, galois, want)
+        middle = uses.value
+        got = native.rotate(ct, step, galois, has_key=True)
+        after = uses.value
+        if got is None or not same(got, want):
+            return f"rotation by {step}"
+        if after - middle != middle - before:
+            return f"memory pool references: +{after - middle} for a native rotation, +{middle - before} bound"
+        del got, want
+    return None
+
