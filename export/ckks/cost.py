@@ -18,8 +18,8 @@ from polyfhe.export.ckks.circuit import Circuit, LinearNode
 from polyfhe.export.ckks.layout import (
     UNBOUNDED_SLOTS,
     circuit_input_packing,
+    count_offsets,
     nonzero,
-    offsets,
     period_of,
     preferred_layout,
     preferred_width,
@@ -57,8 +57,7 @@ def term_diagonals(stacked, in_shape: tuple[int, ...], out_shape: tuple[int, ...
         matrix = stacked.T
         packed = token_aligned(matrix, slot_out, width, 1 << 62) if width > 1 else None
         slot_in = slot_in if packed is None else packed
-    ks, _ = offsets(slot_out[rows], slot_in[cols], period_of(slot_out), period_of(slot_in))
-    return len(np.unique(ks))
+    return count_offsets(slot_out[rows], slot_in[cols], period_of(slot_out), period_of(slot_in))
 
 
 @lru_cache(maxsize=256)

@@ -83,6 +83,18 @@ def offsets(rows: np.ndarray, cols: np.ndarray, period_out: int, period_in: int)
     return delta % period_out, rows + (delta // period_out) * period_out
 
 
+def count_offsets(rows: np.ndarray, cols: np.ndarray, period_out: int, period_in: int) -> int:
+    """How many distinct offsets :func:`offsets` gives (the map's diagonals), without its arrays: with
+    power-of-two periods, ``(d mod p_in) mod p_out`` is ``d mod min(p_in, p_out)``, a mask, and the distinct
+    values are marked in a table of that size instead of sorted or hashed."""
+    period = min(period_in, period_out)
+    if period & (period - 1):  # not a power of two: the general path
+        return len(np.unique(offsets(rows, cols, period_out, period_in)[0]))
+    seen = np.zeros(period, dtype=bool)
+    seen[(cols - rows) & (period - 1)] = True
+    return int(np.count_nonzero(seen))
+
+
 def nonzero(matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(rows, cols, values) of the non-zero entries of a dense or scipy sparse matrix."""
     if hasattr(matrix, "tocoo"):
@@ -97,8 +109,7 @@ def nonzero(matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def diagonal_count(matrix, slot_out: np.ndarray, slot_in: np.ndarray, period_in: int) -> int:
     rows, cols, _ = nonzero(matrix)
-    ks, _ = offsets(slot_out[rows], slot_in[cols], period_of(slot_out), period_in)
-    return len(np.unique(ks))
+    return count_offsets(slot_out[rows], slot_in[cols], period_of(slot_out), period_in)
 
 
 def token_aligned(matrix: np.ndarray, slot_out: np.ndarray, width: int, slots: int) -> np.ndarray | None:

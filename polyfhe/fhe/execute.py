@@ -166,50 +166,86 @@ class RunContext:
         return list(self.pool.map(fn, items))
 
 
-def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
-    attrs = step.attrs
-    period, baby = int(attrs["period"]), int(attrs["baby"])
-    rescale_first = bool(attrs.get("rescale_giants", False))
-    target = step.level - 1
-    groups: dict[int, list] = {}  # giant step g -> [(term index, rows)]: one rotation per g for all terms
-    needed = {}
-    for ti, term in enumerate(attrs["terms"]):
-        ks = arrays[term["ks"]]
-        for g in np.unique(ks // baby):
-            rows = np.nonzero(ks // baby == g)[0]
-            groups.setdefault(int(g), []).append((ti, rows))
-            for row in rows:
-                key = (term["input"], int(ks[row] % baby), target)
-                if key not in run.cache:
-                    needed[key] = term["input"]
-    dropped = {r: ops.drop_to(regs[r], target) for r in {t["input"] for t in attrs["terms"]}}
-    keys = list(needed)
-    rotated = run.map(lambda k: dropped[k[0]] if k[1] == 0 else ops.rotate(dropped[k[0]], k[1]), keys)
-    run.cache.update(zip(keys, rotated, strict=True))
+class _LinearWork:
+    """One single-layout linear step split into phases, so that adjacent independent steps share the thread
+    pool's rounds: their baby rotations in one round, their giant steps in the next (fewer idle tails)."""
 
-    def giant(item):
-        g, parts = item
+    def __init__(self, step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> None:
+        self.step, self.ops, self.arrays, self.run = step, ops, arrays, run
+        attrs = step.attrs
+        self.baby = int(attrs["baby"])
+        self.rescale_first = bool(attrs.get("rescale_giants", False))
+        self.target = step.level - 1
+        self.groups: dict[int, list] = {}  # giant step g -> [(term index, rows)]: one rotation per g for all terms
+        self.needed: dict = {}  # baby rotations this step needs that no earlier map made: key -> input register
+        for ti, term in enumerate(attrs["terms"]):
+            ks = arrays[term["ks"]]
+            for g in np.unique(ks // self.baby):
+                rows = np.nonzero(ks // self.baby == g)[0]
+                self.groups.setdefault(int(g), []).append((ti, rows))
+                for row in rows:
+                    key = (term["input"], int(ks[row] % self.baby), self.target)
+                    if key not in run.cache:
+                        self.needed[key] = term["input"]
+        self.dropped = {r: ops.drop_to(regs[r], self.target) for r in {t["input"] for t in attrs["terms"]}}
+
+    def rotate_baby(self, key):
+        return self.dropped[key[0]] if key[1] == 0 else self.ops.rotate(self.dropped[key[0]], key[1])
+
+    def giant_items(self) -> list[tuple[float, int, Any]]:
+        """(estimated cost in plaintext products, giant step, parts) per giant step: the pool takes the dearest
+        first, so the round ends with short items."""
+        return [(sum(len(rows) for _, rows in parts) + (20.0 if g else 0.0), g, parts)
+                for g, parts in self.groups.items()]
+
+    def giant(self, g: int, parts: list) -> Any:
+        step, ops, arrays, run = self.step, self.ops, self.arrays, self.run
         inner = None
         for ti, rows in parts:
-            term = attrs["terms"][ti]
+            term = step.attrs["terms"][ti]
             ks, diags = arrays[term["ks"]], arrays[term["diags"]]
             for row in rows:
-                rot = run.cache[(term["input"], int(ks[row] % baby), target)]
+                rot = run.cache[(term["input"], int(ks[row] % self.baby), self.target)]
                 inner = ops.add(inner, ops.mul_vector(rot, diags[row], PlaintextKey.diagonal(step.out, ti, int(row))))
-        if rescale_first:  # a rescaled partial sum rotates over one prime fewer (a cheaper key switch)
+        if self.rescale_first:  # a rescaled partial sum rotates over one prime fewer (a cheaper key switch)
             inner = ops.rescale(inner)
-        return inner if g == 0 else ops.rotate(inner, g * baby)
+        return inner if g == 0 else ops.rotate(inner, g * self.baby)
 
-    acc = None
-    for part in run.map(giant, sorted(groups.items())):
-        acc = ops.add(acc, part)
-    shift = period
-    while shift < int(attrs.get("space", ops.slots)):
-        acc = ops.add(acc, ops.rotate(acc, shift))
-        shift *= 2
-    if attrs.get("bias"):
-        acc = ops.add_vector(acc, arrays[attrs["bias"]], PlaintextKey.bias(step.out))
-    return acc if rescale_first else ops.rescale(acc)
+    def finish(self, parts: list) -> Any:
+        ops, attrs = self.ops, self.step.attrs
+        acc = None
+        for part in parts:  # in giant-step order, as a single step sums them
+            acc = ops.add(acc, part)
+        shift = int(attrs["period"])
+        while shift < int(attrs.get("space", ops.slots)):
+            acc = ops.add(acc, ops.rotate(acc, shift))
+            shift *= 2
+        if attrs.get("bias"):
+            acc = ops.add_vector(acc, self.arrays[attrs["bias"]], PlaintextKey.bias(self.step.out))
+        return acc if self.rescale_first else ops.rescale(acc)
+
+
+def _single_linear_group(steps: list[Step], regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> list:
+    """Outputs of adjacent linear steps of which none reads another's output, computed in shared rounds."""
+    works = [_LinearWork(step, regs, ops, arrays, run) for step in steps]
+    needed = {}
+    for work in works:
+        for key in work.needed:
+            needed.setdefault(key, work)
+    keys = list(needed)
+    rotated = run.map(lambda k: needed[k].rotate_baby(k), keys)
+    run.cache.update(zip(keys, rotated, strict=True))
+    items = sorted(((cost, i, g, parts) for i, work in enumerate(works) for cost, g, parts in work.giant_items()),
+                   key=lambda item: -item[0])
+    done = run.map(lambda item: works[item[1]].giant(item[2], item[3]), items)
+    parts: list[dict[int, Any]] = [{} for _ in works]
+    for (_, i, g, _), value in zip(items, done, strict=True):
+        parts[i][g] = value
+    return [work.finish([part[g] for g in sorted(part)]) for work, part in zip(works, parts, strict=True)]
+
+
+def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
+    return _single_linear_group([step], regs, ops, arrays, run)[0]
 
 
 def _single_bootstrap(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
@@ -334,20 +370,40 @@ def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: 
         progress = _STEP_OBSERVER.get()
     if observe is not None:
         observe(0, encrypted_input)
-    for index, step in enumerate(manifest.steps):
-        fn = EXECUTORS.get((manifest.layout, step.op))
-        if fn is None:
-            raise ValueError(f"step {index} ({step.op}) is not supported in layout {manifest.layout!r}")
-        regs[step.out] = fn(step, regs, ops, program.arrays, run)
-        if observe is not None:
-            observe(step.out, regs[step.out])
-        for r in [r for r, i in last.items() if i == index and r != manifest.output]:
-            regs.pop(r, None)
-            for key in [k for k in run.cache if k[0] == r]:
-                del run.cache[key]
-        if progress is not None:
-            progress(index, step)
+    steps = manifest.steps
+    index = 0
+    while index < len(steps):
+        group = _independent_linear_run(steps, index) if manifest.layout == "single" else 1
+        if group > 1:
+            outs = _single_linear_group(list(steps[index:index + group]), regs, ops, program.arrays, run)
+        else:
+            fn = EXECUTORS.get((manifest.layout, steps[index].op))
+            if fn is None:
+                raise ValueError(f"step {index} ({steps[index].op}) is not supported in layout {manifest.layout!r}")
+            outs = [fn(steps[index], regs, ops, program.arrays, run)]
+        for offset, value in enumerate(outs):
+            i, step = index + offset, steps[index + offset]
+            regs[step.out] = value
+            if observe is not None:
+                observe(step.out, value)
+            for r in [r for r, last_use in last.items() if last_use == i and r != manifest.output]:
+                regs.pop(r, None)
+                for key in [k for k in run.cache if k[0] == r]:
+                    del run.cache[key]
+            if progress is not None:
+                progress(i, step)
+        index += len(outs)
     return regs[manifest.output]
+
+
+def _independent_linear_run(steps, start: int) -> int:
+    """How many linear steps from ``start`` on can run as one group: none reads an output of another."""
+    made: set[int] = set()
+    end = start
+    while end < len(steps) and steps[end].op == "linear" and not made & set(steps[end].reads()):
+        made.add(steps[end].out)
+        end += 1
+    return max(1, end - start)
 
 
 def pack_single(manifest, values: np.ndarray) -> np.ndarray:

@@ -347,8 +347,10 @@ class SealOps:
 
     def mul_scalar(self, ct, value):
         pt = self._encode_scalar(value, ct.parms_id(), self._target_scale(ct))
-        out = self.seal.sa.Ciphertext()
-        self.ev.multiply_plain(ct, pt, out)
+        out = None if self.native is None else self.native.multiply_plain(ct, pt)
+        if out is None:
+            out = self.seal.sa.Ciphertext()
+            self.ev.multiply_plain(ct, pt, out)
         self._count("plain_products")
         return out
 

@@ -35,7 +35,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["NATIVE_ENV", "TESTED_TENSEAL", "NativeSeal", "cpp_address", "native_kernels"]
+__all__ = ["NATIVE_ENV", "TESTED_TENSEAL", "NativeSeal", "cpp_address", "native_available", "native_kernels"]
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,11 @@ def _library() -> ctypes.CDLL | None:
             log.debug("SEAL's linear-map kernels run without the GIL (ctypes)")
         _STATE["library"] = library
         return library
+
+
+def native_available() -> bool:
+    """Whether SEAL's kernels run without the GIL in this process (the self-test runs on the first call)."""
+    return _library() is not None
 
 
 def native_kernels(seal) -> NativeSeal | None:

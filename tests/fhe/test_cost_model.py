@@ -11,7 +11,7 @@ import pytest
 from ckks_testlib import digits, digits_mlp, square_cnn
 
 from polyfhe.fhe import opcosts
-from polyfhe.fhe.costmodel import predict
+from polyfhe.fhe.costmodel import SEAL_PARALLEL_OPS, predict, thread_speedup
 from polyfhe.fhe.opcosts import KeyBytesModel, OpCosts, OpSite, Probe, fit_costs, machine_fingerprint
 from polyfhe.fhe.params import CKKSParams
 from polyfhe.fhe.workload import Workload, program_workload, trace_model
@@ -124,18 +124,34 @@ def _small_workload(engine: str, encode_primes: int, **extra) -> Workload:
 def test_predict_sums_sites_and_reencodes_past_the_store():
     costs = _costs("seal")
     work = _small_workload("seal", 3, samples=4)
-    p = predict(work, costs, machine_bytes=None)
+    p = predict(work, costs, machine_bytes=None, threads=1)
     warm = costs.seconds({s: c for s, c in work.tally.items() if s.op != "encode"})
     assert p.eval_seconds == pytest.approx(warm)
     assert p.cold_seconds == pytest.approx(costs.seconds(work.tally))
     assert p.image_seconds == pytest.approx(warm / 4)
     assert p.fits
-    half = predict(work, costs, machine_bytes=None, plaintext_budget=work.plaintext_bytes // 2)
+    half = predict(work, costs, machine_bytes=None, plaintext_budget=work.plaintext_bytes // 2, threads=1)
     assert half.eval_seconds == pytest.approx(warm + 0.5 * costs.seconds({OpSite("encode", 8192, 3): 100.0}))
     assert half.plaintext_bytes == work.plaintext_bytes // 2
     assert not predict(work, costs, machine_bytes=1000).fits
     with pytest.raises(ValueError):
         predict(work, _costs("lattigo"))
+
+
+def test_seal_threads_share_rotations_products_and_additions_only():
+    costs = _costs("seal")
+    work = _small_workload("seal", 3, samples=4)
+    one = predict(work, costs, machine_bytes=None, threads=1)
+    two = predict(work, costs, machine_bytes=None, threads=2)
+    speedup = thread_speedup(2)
+    assert 1.5 < speedup < 2.0
+    for op, seconds in one.by_op.items():
+        shared = op in SEAL_PARALLEL_OPS
+        assert two.by_op[op] == pytest.approx(seconds / speedup if shared else seconds), op
+    assert two.eval_seconds == pytest.approx(sum(two.by_op.values())) and two.eval_seconds < one.eval_seconds
+    lattigo = _small_workload("lattigo", 3, samples=4)
+    assert (predict(lattigo, _costs("lattigo"), machine_bytes=None, threads=2).eval_seconds
+            == predict(lattigo, _costs("lattigo"), machine_bytes=None, threads=1).eval_seconds)
 
 
 # ------------------------------------------------------------------------------------------------------------
