@@ -27,6 +27,7 @@ __all__ = ["THREADS_ENV", "InterleavedOps", "NumpyOps", "SlotOps", "default_thre
            "pack_single", "run_plain", "unpack_single"]
 
 ZERO_ROW_WEIGHT = 2.0**-30
+GIANT_ROTATION_WEIGHT = 20.0  # a giant step's rotation in plaintext products, to order the pool's work (dearest first)
 log = logging.getLogger(__name__)
 
 THREADS_ENV = "POLYFHE_THREADS"  # threads per evaluation (giant steps of the single layout); default: CPU count
@@ -195,7 +196,7 @@ class _LinearWork:
     def giant_items(self) -> list[tuple[float, int, Any]]:
         """(estimated cost in plaintext products, giant step, parts) per giant step: the pool takes the dearest
         first, so the round ends with short items."""
-        return [(sum(len(rows) for _, rows in parts) + (20.0 if g else 0.0), g, parts)
+        return [(sum(len(rows) for _, rows in parts) + (GIANT_ROTATION_WEIGHT if g else 0.0), g, parts)
                 for g, parts in self.groups.items()]
 
     def giant(self, g: int, parts: list) -> Any:
