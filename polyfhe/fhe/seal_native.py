@@ -19,6 +19,9 @@ What this relies on, and how it is kept safe:
 * **No C++ exception may cross ctypes** (it would abort the process), so every call first checks in Python
   what SEAL would check (parameters, NTT form, scales, a Galois key of the step's own) and returns ``None``
   when anything is off; the caller then takes the bindings' path, which raises a Python error as before.
+  One check is left out on purpose: SEAL's public ``multiply_plain`` refuses an all-zero plaintext (its result
+  would be a transparent ciphertext), and scanning every plaintext for that would cost a tenth of the product.
+  Compiled programs hold no all-zero diagonal and no zero weight (the planner keeps non-zero entries only).
 * **Only the TenSEAL build these layouts were read from** (:data:`TESTED_TENSEAL`), and only after a self-test
   on a throwaway ring has matched every kernel byte for byte against the bindings. Any other case, or
   ``POLYFHE_SEAL_NATIVE=0``, keeps the bindings, and the log says why.
