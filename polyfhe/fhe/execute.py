@@ -372,39 +372,40 @@ def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: 
     if observe is not None:
         observe(0, encrypted_input)
     steps = manifest.steps
-    index = 0
-    while index < len(steps):
-        group = _independent_linear_run(steps, index) if manifest.layout == "single" else 1
-        if group > 1:
-            outs = _single_linear_group(list(steps[index:index + group]), regs, ops, program.arrays, run)
-        else:
-            fn = EXECUTORS.get((manifest.layout, steps[index].op))
-            if fn is None:
-                raise ValueError(f"step {index} ({steps[index].op}) is not supported in layout {manifest.layout!r}")
-            outs = [fn(steps[index], regs, ops, program.arrays, run)]
-        for offset, value in enumerate(outs):
-            i, step = index + offset, steps[index + offset]
-            regs[step.out] = value
-            if observe is not None:
-                observe(step.out, value)
-            for r in [r for r, last_use in last.items() if last_use == i and r != manifest.output]:
-                regs.pop(r, None)
-                for key in [k for k in run.cache if k[0] == r]:
-                    del run.cache[key]
-            if progress is not None:
-                progress(i, step)
-        index += len(outs)
+    computed: set[int] = set()  # steps already run ahead of their place (in a group of ready linear steps)
+    for index, step in enumerate(steps):
+        if index not in computed:
+            group = _ready_linear_steps(steps, index, regs, computed) if manifest.layout == "single" else [index]
+            if len(group) > 1:
+                outs = _single_linear_group([steps[i] for i in group], regs, ops, program.arrays, run)
+            else:
+                fn = EXECUTORS.get((manifest.layout, step.op))
+                if fn is None:
+                    raise ValueError(f"step {index} ({step.op}) is not supported in layout {manifest.layout!r}")
+                outs = [fn(step, regs, ops, program.arrays, run)]
+            for i, value in zip(group, outs, strict=True):
+                regs[steps[i].out] = value
+                computed.add(i)
+                if observe is not None:
+                    observe(steps[i].out, value)
+        # registers are freed after their last reader's place in the program, wherever that reader ran
+        for r in [r for r, last_use in last.items() if last_use == index and r != manifest.output]:
+            regs.pop(r, None)
+            for key in [k for k in run.cache if k[0] == r]:
+                del run.cache[key]
+        if progress is not None:
+            progress(index, step)
     return regs[manifest.output]
 
 
-def _independent_linear_run(steps, start: int) -> int:
-    """How many linear steps from ``start`` on can run as one group: none reads an output of another."""
-    made: set[int] = set()
-    end = start
-    while end < len(steps) and steps[end].op == "linear" and not made & set(steps[end].reads()):
-        made.add(steps[end].out)
-        end += 1
-    return max(1, end - start)
+def _ready_linear_steps(steps, start: int, regs: dict, computed: set[int]) -> list[int]:
+    """``start`` and, when it is a linear step, every later linear step not yet run whose inputs are all
+    computed already: one group whose maps share the pool's rounds (registers are written once, so running a
+    step ahead of its place changes nothing but the order)."""
+    if steps[start].op != "linear":
+        return [start]
+    return [start] + [j for j in range(start + 1, len(steps)) if j not in computed and steps[j].op == "linear"
+                      and all(r in regs for r in steps[j].reads())]
 
 
 def pack_single(manifest, values: np.ndarray) -> np.ndarray:

@@ -28,21 +28,26 @@ def _program():
     return x, polyfhe.export(_TwoBranches().eval(), target="ckks", calibration=x, input_shape=(1, 8, 8))
 
 
-def test_groups_are_runs_of_linear_steps_that_do_not_read_each_other():
+def test_a_group_is_every_linear_step_whose_inputs_are_ready():
     _, program = _program()
     steps = program.manifest.steps
     ops = [s.op for s in steps]
-    first = ops.index("linear")
-    assert ex._independent_linear_run(steps, first) == 2  # A x and B x
-    mul = ops.index("mul")
-    assert ex._independent_linear_run(steps, mul) == 1  # not a linear step
-    assert ex._independent_linear_run(steps, len(steps) - 1) == 1  # C reads the product
+    first, mul = ops.index("linear"), ops.index("mul")
+    have = {0: "input"}
+    assert ex._ready_linear_steps(steps, first, have, set()) == [first, first + 1]  # A x and B x
+    assert ex._ready_linear_steps(steps, first, have, {first + 1}) == [first]  # already run ahead
+    assert ex._ready_linear_steps(steps, mul, have, set()) == [mul]  # not a linear step
+    last = len(steps) - 1
+    assert ex._ready_linear_steps(steps, last, have, set()) == [last]  # C needs the product: not ready
+    # a later step that reads only ready registers joins the group, ahead of its place
+    assert ex._ready_linear_steps(steps, first, {0: "input", steps[mul].out: "product"}, set()) == [
+        first, first + 1, last]
 
 
 def test_a_group_computes_exactly_what_its_steps_compute_one_by_one(monkeypatch):
     x, program = _program()
     grouped = program.run_plain(x)
-    monkeypatch.setattr(ex, "_independent_linear_run", lambda steps, start: 1)
+    monkeypatch.setattr(ex, "_ready_linear_steps", lambda steps, start, regs, computed: [start])
     alone = program.run_plain(x)
     np.testing.assert_array_equal(grouped, alone)
     torch.manual_seed(0)  # the weights _program exported
