@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -225,8 +226,6 @@ def key_bytes(costs: OpCosts, params: CKKSParams, galois_keys: int, relin: bool)
 def seal_threads() -> int:
     """Threads a SEAL evaluation on this machine keeps busy: the executor's (``POLYFHE_THREADS``, at most the
     cores) when SEAL's kernels run without the GIL, else one."""
-    import os
-
     from polyfhe.fhe.execute import default_threads
     from polyfhe.fhe.seal_native import native_available
 

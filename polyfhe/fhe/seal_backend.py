@@ -285,16 +285,30 @@ class SealOps:
         # rotation, which composes a step it has no key for from its NAF
         links = self._chain.chain(step) if self._chain is not None else [step]
         for link in links:
-            out = None if self.native is None else self.native.rotate(ct, link, self.galois_keys, self._keyed_step(link))
-            if out is None:
-                out = self.seal.sa.Ciphertext()
-                self.ev.rotate_vector(ct, link, self.galois_keys, out)
-            ct = out
+            ct = self._rotate_once(ct, link)
         switches = len(links) if self._chain is not None else self._naf_switches(step)
         with self._lock:
             self.counts["rotations"] += 1
             self.counts["key_switches"] += switches
         return ct
+
+    def _rotate_once(self, ct, step: int):
+        """One ``rotate_vector`` call: natively when the step has a key of its own (every link of a key chain
+        has), else through the bindings (SEAL composes the step from its NAF)."""
+        keyed = self._chain is not None or self._keyed_step(step)
+        out = None if self.native is None else self.native.rotate(ct, step, self.galois_keys, keyed)
+        if out is None:
+            out = self.seal.sa.Ciphertext()
+            self.ev.rotate_vector(ct, step, self.galois_keys, out)
+        return out
+
+    def _multiply_plain(self, ct, pt):
+        """``ct * pt`` into a new ciphertext: natively, or through the bindings where the native kernel declines."""
+        out = None if self.native is None else self.native.multiply_plain(ct, pt)
+        if out is None:
+            out = self.seal.sa.Ciphertext()
+            self.ev.multiply_plain(ct, pt, out)
+        return out
 
     def _naf_switches(self, step: int) -> int:
         switches = self._rotation_costs.get(step)
@@ -338,19 +352,12 @@ class SealOps:
 
     def mul_vector(self, ct, vec, key):
         with self._plaintext(key, vec, ct.parms_id(), self._target_scale(ct)) as pt:
-            out = None if self.native is None else self.native.multiply_plain(ct, pt)
-            if out is None:
-                out = self.seal.sa.Ciphertext()
-                self.ev.multiply_plain(ct, pt, out)
+            out = self._multiply_plain(ct, pt)
         self._count("plain_products")
         return out
 
     def mul_scalar(self, ct, value):
-        pt = self._encode_scalar(value, ct.parms_id(), self._target_scale(ct))
-        out = None if self.native is None else self.native.multiply_plain(ct, pt)
-        if out is None:
-            out = self.seal.sa.Ciphertext()
-            self.ev.multiply_plain(ct, pt, out)
+        out = self._multiply_plain(ct, self._encode_scalar(value, ct.parms_id(), self._target_scale(ct)))
         self._count("plain_products")
         return out
 
