@@ -149,14 +149,24 @@ def stage_compile(folder: Path, out: Path, backend: str = "seal") -> dict:
             "galois_keys": len(prog.manifest.galois_steps), "rotation_steps": info.get("rotation_steps"),
             "samples_per_ciphertext": prog.manifest.samples_per_ciphertext,
             "planned": {k: v for k, v in info.get("planned", {}).items() if k != "plaintext_bytes"},
-            **_bootstrap_summary(info.get("bootstrap"))}
+            **_bootstrap_summary(info.get("bootstrap")), **_memory_spend_summary(info.get("memory_spend"))}
+
+
+def _memory_spend_summary(spend: dict | None) -> dict:
+    """What the export did when the merged program's server would not fit the memory budget."""
+    if not spend:
+        return {}
+    merged = spend["merged"]
+    return {"memory_factored": len(spend["factored"]), "merged_diagonals": merged["diagonals"],
+            "merged_bootstraps": merged["bootstraps"], "merged_server_gb": merged["server_peak_bytes"] / 1e9}
 
 
 def _bootstrap_summary(boot: dict | None) -> dict:
     if not boot:
         return {"bootstraps": 0}
     return {"bootstraps": boot["count"], "bootstrap_slots": boot["slots"], "bootstrap_cuts": boot["cuts_after_level"],
-            "predicted_bootstrap_key_gb": boot.get("key_bytes", 0) / 1e9}
+            "predicted_bootstrap_key_gb": boot.get("key_bytes", 0) / 1e9,
+            "predicted_server_gb": boot.get("server_memory", {}).get("peak_bytes", 0) / 1e9 or None}
 
 
 def stage_server(program: Path, work: Path) -> dict:
@@ -325,6 +335,11 @@ ROWS = [("plaintext_diagonals", "plaintext diagonals", "{:,}"), ("linear_maps", 
         ("bootstraps", "bootstraps", "{}"), ("bootstrap_slots", "slots per bootstrap", "{}"),
         ("bootstrap_cuts", "bootstraps after levels", "{}"),
         ("predicted_bootstrap_key_gb", "bootstrapping keys, predicted (GB)", "{:.2f}"),
+        ("predicted_server_gb", "server peak, predicted at export (GB)", "{:.2f}"),
+        ("memory_factored", "inputs of shifts / depthwise convs factored to fit memory", "{}"),
+        ("merged_diagonals", "merged plan: plaintext diagonals", "{:,}"),
+        ("merged_bootstraps", "merged plan: bootstraps", "{}"),
+        ("merged_server_gb", "merged plan: server peak, predicted (GB)", "{:.2f}"),
         ("analyzer_levels", "analyzer levels (lower bound)", "{}"), ("compile_s", "compile (s)", "{:.1f}"),
         ("compile_rss_gb", "compile peak RSS (GB)", "{:.2f}"), ("keygen_s", "key generation (s)", "{:.1f}"),
         ("context_mb", "public context (MB)", "{:.0f}"), ("lanes", "images per ciphertext", "{}"),

@@ -28,7 +28,7 @@ from polyfhe.export.ckks.bootstrap import (
 )
 from polyfhe.export.ckks.circuit import Circuit
 from polyfhe.export.ckks.counters import plan_counters
-from polyfhe.export.ckks.lower import lower_onnx
+from polyfhe.export.ckks.lower import factoring_sites, lower_onnx, shift_sites
 from polyfhe.export.ckks.matmul import expand_matmuls, slots_available
 from polyfhe.export.ckks.plan import max_samples_per_ciphertext, plan_batch, plan_single
 from polyfhe.export.ckks.replicate import replicate_input as replicated
@@ -42,6 +42,7 @@ from polyfhe.fhe.bootparams import (
     default_spec,
     machine_memory_budget,
     max_refresh_log_slots,
+    server_peak_bytes,
 )
 from polyfhe.fhe.params import (
     DEFAULT_MIN_SCALE_BITS,
@@ -204,26 +205,25 @@ def _with_bootstraps(plan, circuit: Circuit, params: CKKSParams, spec: Bootstrap
     return replace(plan, steps=steps), info
 
 
-# A bootstrapping Lattigo server holds its bootstrapping keys three times while it starts (the uploaded context,
-# Go's copy of it, Go's unmarshalled keys; measured: a 4.2 GB key set took the server past 20 GB with 7.8 GB of
-# plaintexts), and every encoded diagonal for as long as it serves.
-SERVER_BOOTSTRAP_KEY_COPIES = 3
+def _server_peak(planned: dict, boot_info: dict, galois_bytes: int) -> dict:
+    """A bootstrapping Lattigo server's predicted resident bytes, and what makes them up (for the manifest)."""
+    plaintexts, keys = int(planned.get("plaintext_bytes", 0)), int(boot_info["key_bytes"])
+    loading, serving = server_peak_bytes(plaintexts, keys, galois_bytes)
+    return {"peak_bytes": max(loading, serving), "loading_bytes": loading, "serving_bytes": serving,
+            "plaintext_bytes": plaintexts, "bootstrap_key_bytes": keys, "galois_key_bytes": galois_bytes}
 
 
-def _check_server_memory(name: str, planned: dict, boot_info: dict, galois_bytes: int, budget: int) -> None:
-    """Refuse a bootstrapped program whose server would not fit ``budget``, with the numbers and what would."""
-    keys = SERVER_BOOTSTRAP_KEY_COPIES * int(boot_info["key_bytes"])
-    plaintexts = int(planned.get("plaintext_bytes", 0))
-    peak = keys + plaintexts + galois_bytes
-    if peak <= budget:
-        return
-    raise CKKSExportError(
-        f"{name}: its server would peak near {peak / 1e9:.1f} GB ({plaintexts / 1e9:.1f} GB of plaintexts for "
-        f"{planned.get('plain_products', '?')} diagonals, {keys / 1e9:.1f} GB while loading "
-        f"{boot_info['key_bytes'] / 1e9:.1f} GB of bootstrapping keys for {boot_info['count']} bootstraps of "
-        f"{boot_info['slots']} slots, {galois_bytes / 1e9:.1f} GB of Galois keys), over the {budget / 1e9:.1f} GB "
-        "memory budget. What would fit: a narrower model (fewer channels: fewer diagonals and fewer slots per "
-        "bootstrap), or a machine with more memory (bootstrap_memory= / --bootstrap-memory to plan for it)")
+def _server_memory_error(name: str, planned: dict, boot_info: dict, peak: dict, budget: int, tried: str) -> str:
+    """Why a bootstrapped program's server would not fit ``budget``: the numbers, and what would."""
+    return (
+        f"{name}: its server would peak near {peak['peak_bytes'] / 1e9:.1f} GB ({peak['plaintext_bytes'] / 1e9:.1f} "
+        f"GB of plaintexts for {planned.get('plain_products', '?')} diagonals, "
+        f"{peak['bootstrap_key_bytes'] / 1e9:.1f} GB of bootstrapping keys for {boot_info['count']} bootstraps of "
+        f"{boot_info['slots']} slots, {peak['galois_key_bytes'] / 1e9:.1f} GB of Galois keys; "
+        f"{peak['loading_bytes'] / 1e9:.1f} GB while loading the keys, {peak['serving_bytes'] / 1e9:.1f} GB "
+        f"serving){tried}, over the {budget / 1e9:.1f} GB memory budget. What would fit: a narrower model (fewer "
+        "channels: fewer diagonals and fewer slots per bootstrap), or a machine with more memory "
+        "(bootstrap_memory= / --bootstrap-memory to plan for it)")
 
 
 def _bootstrap_lanes(circuit: Circuit, params: CKKSParams, spec: BootstrapSpec, memory_bytes: int | None) -> int:
@@ -268,6 +268,7 @@ def export_ckks(
     bootstrap_memory: int | None = None,
     replicate_input: bool = True,
     _force_bootstrap: bool = False,
+    _memory_spend: dict | None = None,
 ) -> CKKSProgram:
     """Compile ``model`` (module or ONNX) into a CKKS program for ``layout`` ("single" or "batch").
 
@@ -294,6 +295,8 @@ def export_ckks(
     """
     from polyfhe.analysis import analyze
 
+    params_arg, ring_arg, samples_arg = params, poly_modulus_degree, samples_per_ciphertext  # for a second try
+
     if layout not in LAYOUTS:
         raise CKKSExportError(f"unknown layout {layout!r}; accepted: {list(LAYOUTS)}")
     try:
@@ -314,7 +317,7 @@ def export_ckks(
         shown = "; ".join(f"{v.node} ({v.op}): {v.reason}" for v in report.violations[:8])
         raise CKKSExportError(f"{name} is not polynomial, so it cannot run under CKKS: {shown}")
     try:
-        circuit = lower_onnx(proto)
+        circuit = lower_onnx(proto, frozenset(_memory_spend["factored"]) if _memory_spend else frozenset())
         if layout == "single":  # ct x ct MatMul as replicate / multiply / sum maps
             circuit = expand_matmuls(circuit, slots_available(params, poly_modulus_degree, may_bootstrap))
             circuit = replicated(circuit) if replicate_input else circuit
@@ -387,15 +390,35 @@ def export_ckks(
             raise CKKSExportError(f"{name}: {exc}") from exc
     planned = plan_counters(plan.steps, plan.arrays, [g // lanes for g in plan.galois_steps], params, layout,
                             params.slots // lanes)
-    if boot_info and boot_memory is not None:
-        _check_server_memory(name, planned, boot_info,  # Lattigo's keys travel uncompressed
-                             estimated_sizes(params, len(plan.galois_steps))["galois_keys"], boot_memory)
+    server_peak = None
+    if boot_info:  # Lattigo's keys travel uncompressed
+        server_peak = _server_peak(planned, boot_info, estimated_sizes(params, len(plan.galois_steps))["galois_keys"])
+        boot_info["server_memory"] = server_peak
+    if server_peak and boot_memory is not None and server_peak["peak_bytes"] > boot_memory:
+        sites = [*factoring_sites(proto), *shift_sites(proto)] if layout == "single" else []
+        if _memory_spend is not None or not sites:
+            tried = (f"; with {len(_memory_spend['factored'])} convolutions and shifts computed on their own"
+                     if _memory_spend else "")
+            raise CKKSExportError(_server_memory_error(name, planned, boot_info, server_peak, boot_memory, tried))
+        log.warning("%s: its server would peak near %.1f GB, over the %.1f GB memory budget; computing %d spatial "
+                    "convolutions and shifts on their own (more levels and bootstraps, far fewer diagonals) instead",
+                    name, server_peak["peak_bytes"] / 1e9, boot_memory / 1e9, len(sites))
+        merged = {"factored": sites, "reason": "memory", "merged": {
+            "depth": circuit.depth, "diagonals": planned.get("plain_products"), "bootstraps": boot_info["count"],
+            "server_peak_bytes": server_peak["peak_bytes"]}, "budget_bytes": boot_memory}
+        return export_ckks(model, calibration=calibration, layout=layout, input_shape=input_shape, params=params_arg,
+                           poly_modulus_degree=ring_arg, scale_bits=scale_bits, allow_insecure=allow_insecure,
+                           batch_memory_budget=batch_memory_budget, galois_key_budget=galois_key_budget,
+                           samples_per_ciphertext=samples_arg, backend=backend, spend_levels=False,
+                           bootstrap=bootstrap, bootstrap_memory=bootstrap_memory, replicate_input=replicate_input,
+                           _force_bootstrap=_force_bootstrap, _memory_spend=merged)
     info = {
         "planned": planned,
         **({"bootstrap": boot_info} if boot_info else {}),
         "model_name": name, "degree": circuit.degrees()[circuit.output], "depth": circuit.depth,
         "analyzer": {"degree": report.degree, "mult_depth": report.mult_depth, "levels": report.levels},
         **({"level_spend": spend_info} if spend_info else {}),
+        **({"memory_spend": {**_memory_spend, "depth": circuit.depth}} if _memory_spend else {}),
         "output_shape": list(circuit.output_shape), **plan.stats, **cal_info,
     }
     manifest = _manifest(plan, circuit, params, layout, input_range, info)

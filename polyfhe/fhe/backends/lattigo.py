@@ -337,27 +337,43 @@ class LattigoClient:
 
 
 # ------------------------------------------------------------------------------------------------------------
+def _shared_lowering(program) -> LattigoModel:
+    """One lowering per program, shared by its sessions (it is immutable)."""
+    with program.shared.lock:
+        lowered = program.shared.engines.get(f"{NAME}-lowered")
+        if lowered is None:
+            lowered = program.shared.engines[f"{NAME}-lowered"] = _checked_lowering(program)
+    return lowered
+
+
 def _shared_model(program):
     """One loaded evaluator model per program, shared by its sessions (it is immutable once loaded)."""
+    lowered = _shared_lowering(program)
     with program.shared.lock:  # two sessions starting at once load the model once
-        cached = program.shared.engines.get(NAME)
-        if cached is None:
-            cached = program.shared.engines[NAME] = _load_model(program)
-    return cached
+        model = program.shared.engines.get(NAME)
+        if model is None:
+            model = program.shared.engines[NAME] = _load_model(program, lowered)
+    return model
 
 
-def _load_model(program) -> tuple:
-    """(evaluator model, :class:`LattigoModel`) for ``program``: lowered again, checked against its manifest."""
-    evaluator = _evaluator_lib()
+def _checked_lowering(program) -> LattigoModel:
+    """The program lowered again for Lattigo, checked against its manifest."""
     lowered: LattigoModel = lower(program)
     if tuple(lowered.galois_steps) != tuple(program.manifest.galois_steps):
         raise ValueError(f"program {program.program_id}: its Galois steps do not match its Lattigo lowering "
                          "(exported by another polyfhe version?); export it again with backend='lattigo'")
+    return lowered
+
+
+def _load_model(program, lowered: LattigoModel):
+    """The evaluator's model: Go copies the container and encodes every diagonal. The container's bytes are
+    then dropped from the shared lowering (hundreds of MB for a deep program; Go holds its own copy)."""
     t0 = time.perf_counter()
-    model = evaluator.Model.load(lowered.data)
+    model = _evaluator_lib().Model.load(lowered.data)
     log.info("loaded Lattigo model for %s (%.0f MB) in %.2f s", program.program_id, len(lowered.data) / 1e6,
              time.perf_counter() - t0)
-    return model, lowered
+    program.shared.engines[f"{NAME}-lowered"] = replace(lowered, data=b"")
+    return model
 
 
 class LattigoServer:
@@ -376,7 +392,7 @@ class LattigoServer:
                             f"program runs on {NAME!r} (make keys with this program's client)")
         evaluator = _evaluator_lib()
         warn_if_missing()
-        self._model, self._lowered = _shared_model(program)
+        self._lowered = _shared_lowering(program)
         spec = bootstrap_spec(program.manifest)
         params = lattigo_params(program.params, spec)
         if spec and "bootstrap_keys" not in box.sections:
@@ -394,6 +410,10 @@ class LattigoServer:
         except Exception as exc:
             raise WireError(f"evaluation keys are not valid Lattigo keys for {program.params.describe()}: "
                             f"{exc}") from exc
+        # the keys first: Go collects their copies before the diagonals are encoded, so a bootstrapping
+        # server's peak is the larger of the two phases, not their sum
+        self._model = _shared_model(program)
+        self._lowered = _shared_lowering(program)  # without the container's bytes now
         _, self._rlwe = _client_lib()
         self._lock = threading.Lock()
         self.context_bytes = len(public_context)

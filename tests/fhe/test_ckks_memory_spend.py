@@ -1,0 +1,144 @@
+"""Spending levels for memory: a bootstrapped program whose server would not fit the memory budget computes its
+spatial shifts (and depthwise convolutions) on their own, a level each, instead of merging them into the channel
+maps around them, which multiplies those maps' diagonals by the shift's token offsets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from polyfhe.export.ckks import CKKSExportError, export_ckks, to_onnx_model
+from polyfhe.export.ckks.lower import lower_onnx, shift_sites
+from polyfhe.fhe.bootparams import server_peak_bytes
+from polyfhe.fhe.execute import run_plain
+from polyfhe.fhe.params import CKKSParams
+from polyfhe.models.layers.shift import spatial_shift
+from tests.fhe.ckks_testlib import digits
+
+SMALL_RING = CKKSParams(4096, (60, 40, 40, 40, 60), 40)  # 3 levels between bootstraps; insecure on purpose
+
+
+class ShiftBlocks(nn.Module):
+    """Plain torch, MONet-style: a 2x2 patch embedding to 4x4 tokens of 16 channels, then Mu-Layer-like blocks
+    ``x + C(shift(U1 x) * U3(shift(U2 x)))`` with the slice-and-concat spatial shift, then a linear head."""
+
+    def __init__(self, blocks: int = 2, width: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(1, width, 2, stride=2)
+        self.u1 = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
+        self.u2 = nn.ModuleList(nn.Linear(width, width // 4) for _ in range(blocks))
+        self.u3 = nn.ModuleList(nn.Linear(width // 4, width) for _ in range(blocks))
+        self.c = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
+        self.head = nn.Linear(width * 16, 10)
+
+    def forward(self, x):
+        x = self.embed(x).permute(0, 2, 3, 1)  # channels last: (B, H, W, C)
+        for u1, u2, u3, c in zip(self.u1, self.u2, self.u3, self.c, strict=True):
+            x = x + 0.2 * c(spatial_shift(u1(x)) * u3(spatial_shift(u2(x))))
+        return self.head(x.flatten(1))
+
+
+class ChannelReorder(nn.Module):
+    """Slices along the channel axis only, concatenated in another order: data movement, but no shift."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(1, 8, 2, stride=2)
+        self.head = nn.Linear(8 * 16, 10)
+
+    def forward(self, x):
+        x = self.embed(x).permute(0, 2, 3, 1)
+        x = torch.cat([x[..., 4:], x[..., :4]], dim=-1)
+        return self.head((x * x).flatten(1))
+
+
+def _model() -> ShiftBlocks:
+    torch.manual_seed(0)
+    return ShiftBlocks().eval()
+
+
+def test_shift_sites_are_the_tensors_a_spatial_shift_moves():
+    proto, _ = to_onnx_model(_model(), (1, 8, 8))
+    sites = shift_sites(proto)
+    assert len(sites) == 4  # U1's and U2's outputs, in each of the two blocks
+    producers = {n.name: n for n in proto.graph.node}
+    assert all(producers[s].op_type in ("Add", "MatMul", "Gemm") for s in sites)
+    reorder, _ = to_onnx_model(ChannelReorder().eval(), (1, 8, 8))
+    assert shift_sites(reorder) == []
+
+
+def test_factoring_the_shifts_trades_levels_for_diagonals():
+    proto, _ = to_onnx_model(_model(), (1, 8, 8))
+    merged = lower_onnx(proto)
+    factored = lower_onnx(proto, frozenset(shift_sites(proto)))
+    assert factored.depth > merged.depth
+    x = digits()[0][:4].reshape(-1, 1, 8, 8)
+    with torch.no_grad():
+        reference = _model().double()(torch.from_numpy(x)).numpy()
+    for circuit in (merged, factored):  # both compute the model
+        out = np.stack([np.asarray(circuit.evaluate(xi[None])).reshape(-1) for xi in x])
+        assert np.allclose(out, reference, atol=1e-9 * max(1.0, np.abs(reference).max()))
+
+
+def _export(budget: int | None):
+    x = digits()[0][:32].reshape(-1, 1, 8, 8)
+    return export_ckks(_model(), calibration=x, input_shape=(1, 8, 8), backend="lattigo", params=SMALL_RING,
+                       allow_insecure=True, bootstrap_memory=budget)
+
+
+@pytest.fixture(scope="module")
+def merged_program():
+    return _export(10**12)
+
+
+def test_a_server_over_budget_computes_its_shifts_on_their_own(merged_program, caplog):
+    merged = merged_program.manifest.info
+    peak = merged["bootstrap"]["server_memory"]["peak_bytes"]
+    assert "memory_spend" not in merged
+    with caplog.at_level("WARNING"):
+        prog = _export(peak - 1)
+    info = prog.manifest.info
+    assert "computing 4 spatial convolutions and shifts on their own" in caplog.text
+    spend = info["memory_spend"]
+    assert spend["reason"] == "memory" and len(spend["factored"]) == 4
+    assert spend["merged"]["server_peak_bytes"] == peak and spend["merged"]["diagonals"] == merged["plaintext_diagonals"]
+    assert info["plaintext_diagonals"] < merged["plaintext_diagonals"]
+    assert info["depth"] > merged["depth"]
+    assert info["bootstrap"]["server_memory"]["peak_bytes"] <= peak - 1
+    x = digits()[0][:4].reshape(-1, 1, 8, 8)
+    with torch.no_grad():
+        reference = _model().double()(torch.from_numpy(x)).numpy()
+    plain = run_plain(prog, x)
+    assert np.allclose(plain, reference, atol=1e-6 * max(1.0, np.abs(reference).max()))
+
+
+def test_a_server_that_fits_no_plan_is_refused_with_both_tries(merged_program):
+    peak = merged_program.manifest.info["bootstrap"]["server_memory"]["peak_bytes"]
+    with pytest.raises(CKKSExportError, match=r"server would peak near .* with 4 convolutions and shifts computed on "
+                                              r"their own, over the .* GB memory budget\. What would fit"):
+        _export(peak // 100)
+
+
+def test_server_peak_is_the_larger_of_loading_and_serving():
+    loading, serving = server_peak_bytes(0, 4 * 10**9, 10**9)
+    assert loading > serving  # no plaintexts: the three copies of the keys while they load dominate
+    loading2, serving2 = server_peak_bytes(8 * 10**9, 4 * 10**9, 10**9)
+    assert loading2 == loading and serving2 > loading2 and serving2 - serving == pytest.approx(1.25 * 1.3 * 8e9, rel=1e-6)
+
+
+def test_the_factored_program_runs_encrypted_and_its_server_keeps_no_container(merged_program):
+    peak = merged_program.manifest.info["bootstrap"]["server_memory"]["peak_bytes"]
+    prog = _export(peak - 1)
+    x = digits()[2][:2].reshape(-1, 1, 8, 8)
+    client = prog.client()
+    server = prog.server(client.public_context())
+    lanes = prog.manifest.samples_per_ciphertext
+    logits = client.decrypt(server.run(client.encrypt(x[:lanes])))[: len(x[:lanes])]
+    plain = run_plain(prog, x[:lanes])
+    assert np.abs(logits - plain).max() < 0.05 * max(1.0, np.abs(plain).max())
+    assert np.array_equal(logits.argmax(1), plain.argmax(1))
+    # the model's container went to Go when it loaded; the server keeps only what it checks inputs against
+    assert prog.shared.engines["lattigo-lowered"].data == b""
+    assert prog.manifest.info["bootstrap"]["count"] >= 1
