@@ -50,6 +50,7 @@ from polyfhe.fhe.params import (
     ParameterError,
     choose_params,
     estimated_sizes,
+    largest_value,
     validate,
 )
 from polyfhe.fhe.program import LAYOUTS, CKKSProgram, ProgramManifest
@@ -368,6 +369,12 @@ def export_ckks(
                 f"layout='batch' keeps one ciphertext per tensor element: about {live / 2**30:.1f} GiB live for "
                 f"{circuit.max_size()} elements at {params.describe()}, over the {batch_memory_budget / 2**30:.1f} "
                 "GiB budget; use layout='single' or raise batch_memory_budget")
+    if boot_spec is not None and max_abs > largest_value(params, level=1):  # bootstraps read level 1 or above
+        raise CKKSExportError(
+            f"{name}: its values reach +-{max_abs:.3g} on the calibration inputs; {params.describe()} holds at most "
+            f"+-{largest_value(params, level=1):.3g} at the lowest level a bootstrap reads. Is the model trained? "
+            "Untrained deep BatchNorm networks overflow in eval mode until their running statistics settle; "
+            "calibrate with real inputs, or train longer")
     if boot_spec is not None and layout == "single" and samples_per_ciphertext is None:
         samples_per_ciphertext = _bootstrap_lanes(circuit, params, boot_spec, boot_memory)
     try:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 __all__ = [
     "DEFAULT_MIN_SCALE_BITS", "MAX_BITS_128", "CKKSParams", "ParameterError", "choose_params", "fingerprint_params",
-    "max_levels", "security_bits_ok",
+    "largest_value", "max_levels", "security_bits_ok",
 ]
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,12 @@ def choose_params(
 def _headroom(max_abs_value: float) -> int:
     """Bits the first prime holds above the scale: the largest value plus 8 bits of margin."""
     return max(1, math.ceil(math.log2(max(max_abs_value, 1.0)))) + 8
+
+
+def largest_value(params: CKKSParams, level: int = 0) -> float:
+    """The largest magnitude a ciphertext of ``params`` holds at ``level`` (0: the first prime alone) with the
+    margin :func:`choose_params` plans with: its primes carry the scale and the value's bits plus 8."""
+    return 2.0 ** (sum(params.coeff_mod_bits[:level + 1]) - params.scale_bits - 8)
 
 
 def max_levels(poly_modulus_degree: int, max_abs_value: float, scale_bits: int, reserve_bits: int = 0) -> int:

@@ -142,3 +142,15 @@ def test_the_factored_program_runs_encrypted_and_its_server_keeps_no_container(m
     # the model's container went to Go when it loaded; the server keeps only what it checks inputs against
     assert prog.shared.engines["lattigo-lowered"].data == b""
     assert prog.manifest.info["bootstrap"]["count"] >= 1
+
+
+def test_values_a_bootstrapped_ring_cannot_hold_are_refused_at_export():
+    """An untrained deep BN network overflows (values near 1e25 here); the bootstrap's integer postscale would
+    be refused by the engine at run time, so the export says what was wrong first."""
+    model = _model()
+    with torch.no_grad():
+        model.c[0].weight.mul_(1e12)
+    x = digits()[0][:32].reshape(-1, 1, 8, 8)
+    with pytest.raises(CKKSExportError, match=r"values reach \+-.* holds at most \+-4\.5e\+15 at the lowest level a bootstrap reads\. Is the model trained"):
+        export_ckks(model, calibration=x, input_shape=(1, 8, 8), backend="lattigo", params=SMALL_RING,
+                    allow_insecure=True, bootstrap_memory=10**12)
