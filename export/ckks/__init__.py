@@ -224,7 +224,8 @@ def _server_memory_error(name: str, planned: dict, boot_info: dict, peak: dict, 
         f"{peak['loading_bytes'] / 1e9:.1f} GB while loading the keys, {peak['serving_bytes'] / 1e9:.1f} GB "
         f"serving){tried}, over the {budget / 1e9:.1f} GB memory budget. What would fit: a narrower model (fewer "
         "channels: fewer diagonals and fewer slots per bootstrap), or a machine with more memory "
-        "(bootstrap_memory= / --bootstrap-memory to plan for it)")
+        "(bootstrap_memory= / --bootstrap-memory to plan for it; `polyfhe cost MODEL --backend lattigo` predicts its "
+        "latency there)")
 
 
 def _bootstrap_lanes(circuit: Circuit, params: CKKSParams, spec: BootstrapSpec, memory_bytes: int | None) -> int:
