@@ -214,7 +214,8 @@ def _server_peak(planned: dict, boot_info: dict, galois_bytes: int) -> dict:
             "plaintext_bytes": plaintexts, "bootstrap_key_bytes": keys, "galois_key_bytes": galois_bytes}
 
 
-def _server_memory_error(name: str, planned: dict, boot_info: dict, peak: dict, budget: int, tried: str) -> str:
+def _server_memory_error(name: str, planned: dict, boot_info: dict, peak: dict, budget: int, tried: str,
+                         params: CKKSParams) -> str:
     """Why a bootstrapped program's server would not fit ``budget``: the numbers, and what would."""
     return (
         f"{name}: its server would peak near {peak['peak_bytes'] / 1e9:.1f} GB ({peak['plaintext_bytes'] / 1e9:.1f} "
@@ -224,8 +225,20 @@ def _server_memory_error(name: str, planned: dict, boot_info: dict, peak: dict, 
         f"{peak['loading_bytes'] / 1e9:.1f} GB while loading the keys, {peak['serving_bytes'] / 1e9:.1f} GB "
         f"serving){tried}, over the {budget / 1e9:.1f} GB memory budget. What would fit: a narrower model (fewer "
         "channels: fewer diagonals and fewer slots per bootstrap), or a machine with more memory "
-        "(bootstrap_memory= / --bootstrap-memory to plan for it; `polyfhe cost MODEL --backend lattigo` predicts its "
-        "latency there)")
+        f"(bootstrap_memory= / --bootstrap-memory to plan for it){_bootstrap_time(boot_info, params)}")
+
+
+def _bootstrap_time(boot_info: dict, params: CKKSParams) -> str:
+    """What the bootstraps alone would take per query, from this machine's cached Lattigo calibration (never
+    calibrated here: a refusal should be quick); without one, where to get the prediction."""
+    from polyfhe.fhe.costmodel import bootstrap_seconds
+    from polyfhe.fhe.opcosts import read_cached
+
+    costs = read_cached("lattigo")
+    if costs is None:
+        return "; `polyfhe cost MODEL --backend lattigo` predicts its latency"
+    seconds = boot_info["count"] * bootstrap_seconds(costs, boot_info["spec"], params)
+    return f"; its {boot_info['count']} bootstraps alone would take about {seconds:.0f} s per query on this machine"
 
 
 def _bootstrap_lanes(circuit: Circuit, params: CKKSParams, spec: BootstrapSpec, memory_bytes: int | None) -> int:
@@ -407,7 +420,8 @@ def export_ckks(
         if _memory_spend is not None or not sites:
             tried = (f"; with {len(_memory_spend['factored'])} convolutions and shifts computed on their own"
                      if _memory_spend else "")
-            raise CKKSExportError(_server_memory_error(name, planned, boot_info, server_peak, boot_memory, tried))
+            raise CKKSExportError(_server_memory_error(name, planned, boot_info, server_peak, boot_memory, tried,
+                                                        params))
         log.warning("%s: its server would peak near %.1f GB, over the %.1f GB memory budget; computing %d spatial "
                     "convolutions and shifts on their own (more levels and bootstraps, far fewer diagonals) instead",
                     name, server_peak["peak_bytes"] / 1e9, boot_memory / 1e9, len(sites))

@@ -121,6 +121,19 @@ def test_a_server_that_fits_no_plan_is_refused_with_both_tries(merged_program):
         _export(peak // 100)
 
 
+def test_the_refusal_prices_its_bootstraps_from_a_cached_calibration(merged_program, monkeypatch):
+    from polyfhe.fhe import costmodel, opcosts
+
+    peak = merged_program.manifest.info["bootstrap"]["server_memory"]["peak_bytes"]
+    monkeypatch.setattr(opcosts, "read_cached", lambda engine: None)
+    with pytest.raises(CKKSExportError, match=r"`polyfhe cost MODEL --backend lattigo` predicts its latency"):
+        _export(peak // 100)
+    monkeypatch.setattr(opcosts, "read_cached", lambda engine: object())
+    monkeypatch.setattr(costmodel, "bootstrap_seconds", lambda costs, spec, params: 2.5)
+    with pytest.raises(CKKSExportError, match=r"its \d+ bootstraps alone would take about \d+ s per query"):
+        _export(peak // 100)
+
+
 def test_server_peak_is_the_larger_of_loading_and_serving():
     loading, serving = server_peak_bytes(0, 4 * 10**9, 10**9)
     assert loading > serving  # no plaintexts: the three copies of the keys while they load dominate
