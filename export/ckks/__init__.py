@@ -12,6 +12,7 @@ import logging
 import math
 import tempfile
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -310,7 +311,13 @@ def export_ckks(
     """
     from polyfhe.analysis import analyze
 
-    params_arg, ring_arg, samples_arg = params, poly_modulus_degree, samples_per_ciphertext  # for a second try
+    # a second try (another ring, or sites factored) starts again from the caller's arguments
+    again = partial(export_ckks, model, calibration=calibration, layout=layout, input_shape=input_shape, params=params,
+                    poly_modulus_degree=poly_modulus_degree, scale_bits=scale_bits, allow_insecure=allow_insecure,
+                    batch_memory_budget=batch_memory_budget, galois_key_budget=galois_key_budget,
+                    samples_per_ciphertext=samples_per_ciphertext, backend=backend, spend_levels=False,
+                    bootstrap=bootstrap, bootstrap_memory=bootstrap_memory, replicate_input=replicate_input,
+                    _force_bootstrap=_force_bootstrap)
 
     if layout not in LAYOUTS:
         raise CKKSExportError(f"unknown layout {layout!r}; accepted: {list(LAYOUTS)}")
@@ -428,12 +435,7 @@ def export_ckks(
         merged = {"factored": sites, "reason": "memory", "merged": {
             "depth": circuit.depth, "diagonals": planned.get("plain_products"), "bootstraps": boot_info["count"],
             "server_peak_bytes": server_peak["peak_bytes"]}, "budget_bytes": boot_memory}
-        return export_ckks(model, calibration=calibration, layout=layout, input_shape=input_shape, params=params_arg,
-                           poly_modulus_degree=ring_arg, scale_bits=scale_bits, allow_insecure=allow_insecure,
-                           batch_memory_budget=batch_memory_budget, galois_key_budget=galois_key_budget,
-                           samples_per_ciphertext=samples_arg, backend=backend, spend_levels=False,
-                           bootstrap=bootstrap, bootstrap_memory=bootstrap_memory, replicate_input=replicate_input,
-                           _force_bootstrap=_force_bootstrap, _memory_spend=merged)
+        return again(_memory_spend=merged)
     info = {
         "planned": planned,
         **({"bootstrap": boot_info} if boot_info else {}),
@@ -450,11 +452,7 @@ def export_ckks(
         if not (leveled_auto and may_bootstrap):
             raise CKKSExportError(f"{name} on backend {backend!r}: {exc}") from exc
         log.warning("%s: %s; compiling for a smaller residual ring with bootstrapping instead", name, exc)
-        return export_ckks(model, calibration=calibration, layout=layout, input_shape=input_shape,
-                           scale_bits=scale_bits, allow_insecure=allow_insecure, batch_memory_budget=batch_memory_budget,
-                           galois_key_budget=galois_key_budget, samples_per_ciphertext=samples_per_ciphertext,
-                           backend=backend, spend_levels=False, bootstrap=bootstrap,
-                           bootstrap_memory=bootstrap_memory, replicate_input=replicate_input, _force_bootstrap=True)
+        return again(params=None, poly_modulus_degree=None, _force_bootstrap=True)
     except (ParameterError, ValueError) as exc:
         raise CKKSExportError(f"{name} on backend {backend!r}: {exc}") from exc
     log.info("CKKS program %s: %s, %s, depth %d, %d Galois keys, %d sample(s) per ciphertext", program.program_id,

@@ -56,13 +56,15 @@ BOOTSTRAP_KEYS_BY_LOG_SLOTS = {10: 34, 11: 37, 12: 40, 13: 42}
 # Generating and marshalling the bootstrapping keys through the wheel peaks at this multiple of their size
 # (Go's keys, Go's marshalled buffer, its C copy, Python's bytes; measured 3.96x at 4.3 and 5.9 GB).
 KEYGEN_PEAK_FACTOR = 4.0
+# A Lattigo server holds its key set three times while it starts: the uploaded context, Go's copy of it and the
+# unmarshalled keys.
+LATTIGO_KEY_COPIES = 3
 # A bootstrapping Lattigo server, measured on monet_fhe_deep_bn (width 64: 9,992 and, shifts factored, 3,833
 # diagonals; 4.26 GB of bootstrapping keys for 2^13 slots on N=2^16; residual N=2^14; GOGC=25). It loads the keys
-# first: the uploaded context, Go's copy of it and the unmarshalled keys are three copies while it starts. Serving,
+# first, so their copies are collected before the diagonals are encoded. Serving,
 # Go's heap holds every encoded diagonal (1.3x the planner's plaintext bytes: Lattigo's transforms beside the raw
 # float64 diagonals), the keys, and the bootstrapper's own transforms and temporaries (0.85x its key bytes), and
 # grows by GOGC=25% past what is live before it collects; the Python process adds about 1 GB.
-SERVER_BOOTSTRAP_KEY_COPIES = 3
 SERVER_PLAINTEXT_FACTOR = 1.3
 BOOTSTRAPPER_STATE_PER_KEY_BYTE = 0.85
 GO_HEAP_GROWTH = 1.25
@@ -247,11 +249,10 @@ def check_bootstrap_security(params: CKKSParams, spec: BootstrapSpec) -> tuple[b
     return (bound is not None and bits <= bound), bits, bound
 
 
-
 def server_peak_bytes(plaintext_bytes: int, bootstrap_keys: int, galois_keys: int) -> tuple[int, int]:
     """(while loading the keys, while serving): a bootstrapping Lattigo server's resident bytes (see
     ``SERVER_PLAINTEXT_FACTOR``); the larger is its peak."""
-    loading = SERVER_PROCESS_BYTES + SERVER_BOOTSTRAP_KEY_COPIES * bootstrap_keys + galois_keys
+    loading = SERVER_PROCESS_BYTES + LATTIGO_KEY_COPIES * bootstrap_keys + galois_keys
     live = (SERVER_PLAINTEXT_FACTOR * plaintext_bytes + (1.0 + BOOTSTRAPPER_STATE_PER_KEY_BYTE) * bootstrap_keys
             + galois_keys)
     return int(loading), int(SERVER_PROCESS_BYTES + GO_HEAP_GROWTH * live)

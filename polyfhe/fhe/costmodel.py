@@ -19,6 +19,7 @@ from polyfhe.fhe.bootparams import (
     CIRCUIT_PRIMES,
     COEFFS_TO_SLOTS_BITS,
     KEYGEN_PEAK_FACTOR,
+    LATTIGO_KEY_COPIES,
     SLOTS_TO_COEFFS_BITS,
     BootstrapSpec,
     bootstrap_key_bytes,
@@ -66,9 +67,8 @@ BOOTSTRAP_TRANSFORM_DEPTHS = (len(COEFFS_TO_SLOTS_BITS), len(SLOTS_TO_COEFFS_BIT
 BOOTSTRAP_KEYGEN_SECONDS = (24.0, 40.0)  # bootstrapping key generation at N=2^16, same machine (range of runs)
 SEAL_PLAINTEXT_BUDGET = DEFAULT_PLAINTEXT_BYTES  # the SEAL server's plaintext store (``--plaintext-cache-mb``)
 # Server memory beyond the keys and plaintexts, measured factors (docs/ckks.md, "Memory"): Lattigo's key set is
-# copied by ctypes, by Go and unmarshalled while the server starts; its container holds every diagonal as float64
+# held three times while the server starts (``LATTIGO_KEY_COPIES``); its container holds every diagonal as float64
 # once in Python and once in Go. SEAL keeps the public context bytes, the client's keys and the server's.
-LATTIGO_KEY_COPIES = 3.0
 LATTIGO_CONTAINER_COPIES = 2.0
 SEAL_KEY_COPIES = 2.0
 # What SEAL runs without the GIL (``seal_native.py``), spread over the executor's threads, and what each thread

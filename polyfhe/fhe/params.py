@@ -144,15 +144,18 @@ def choose_params(
         "Poly-Blocks / lower degree), a smaller input, or calibrate to tighter value ranges.")
 
 
+HEADROOM_MARGIN_BITS = 8  # bits of margin above the largest value a ciphertext must hold
+
+
 def _headroom(max_abs_value: float) -> int:
-    """Bits the first prime holds above the scale: the largest value plus 8 bits of margin."""
-    return max(1, math.ceil(math.log2(max(max_abs_value, 1.0)))) + 8
+    """Bits the first prime holds above the scale: the largest value plus the margin."""
+    return max(1, math.ceil(math.log2(max(max_abs_value, 1.0)))) + HEADROOM_MARGIN_BITS
 
 
 def largest_value(params: CKKSParams, level: int = 0) -> float:
     """The largest magnitude a ciphertext of ``params`` holds at ``level`` (0: the first prime alone) with the
-    margin :func:`choose_params` plans with: its primes carry the scale and the value's bits plus 8."""
-    return 2.0 ** (sum(params.coeff_mod_bits[:level + 1]) - params.scale_bits - 8)
+    margin :func:`choose_params` plans with: its primes carry the scale, the value's bits and the margin."""
+    return 2.0 ** (sum(params.coeff_mod_bits[:level + 1]) - params.scale_bits - HEADROOM_MARGIN_BITS)
 
 
 def max_levels(poly_modulus_degree: int, max_abs_value: float, scale_bits: int, reserve_bits: int = 0) -> int:

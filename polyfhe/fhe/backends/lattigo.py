@@ -337,23 +337,32 @@ class LattigoClient:
 
 
 # ------------------------------------------------------------------------------------------------------------
-def _shared_lowering(program) -> LattigoModel:
-    """One lowering per program, shared by its sessions (it is immutable)."""
+def _shared(program, key: str, make):
+    """``program.shared.engines[key]``, made once under the program's lock (sessions starting at once share it)."""
     with program.shared.lock:
-        lowered = program.shared.engines.get(f"{NAME}-lowered")
-        if lowered is None:
-            lowered = program.shared.engines[f"{NAME}-lowered"] = _checked_lowering(program)
-    return lowered
+        value = program.shared.engines.get(key)
+        if value is None:
+            value = program.shared.engines[key] = make()
+    return value
+
+
+def _shared_lowering(program) -> LattigoModel:
+    """The program's Lattigo lowering, checked against its manifest; without the container's bytes once the
+    evaluator's model is loaded (Go holds its own copy)."""
+    return _shared(program, f"{NAME}-lowered", lambda: _checked_lowering(program))
 
 
 def _shared_model(program):
-    """One loaded evaluator model per program, shared by its sessions (it is immutable once loaded)."""
-    lowered = _shared_lowering(program)
-    with program.shared.lock:  # two sessions starting at once load the model once
-        model = program.shared.engines.get(NAME)
-        if model is None:
-            model = program.shared.engines[NAME] = _load_model(program, lowered)
-    return model
+    """The evaluator's model (immutable once loaded); loading it drops the container's bytes from the shared
+    lowering (hundreds of MB of float64 diagonals for a deep program)."""
+    lowered = _shared_lowering(program)  # outside the (non-reentrant) lock that ``load`` runs under
+
+    def load():
+        model = _load_model(program, lowered)
+        program.shared.engines[f"{NAME}-lowered"] = replace(lowered, data=b"")
+        return model
+
+    return _shared(program, NAME, load)
 
 
 def _checked_lowering(program) -> LattigoModel:
@@ -366,13 +375,11 @@ def _checked_lowering(program) -> LattigoModel:
 
 
 def _load_model(program, lowered: LattigoModel):
-    """The evaluator's model: Go copies the container and encodes every diagonal. The container's bytes are
-    then dropped from the shared lowering (hundreds of MB for a deep program; Go holds its own copy)."""
+    """The evaluator's model: Go copies the container and encodes every diagonal."""
     t0 = time.perf_counter()
     model = _evaluator_lib().Model.load(lowered.data)
     log.info("loaded Lattigo model for %s (%.0f MB) in %.2f s", program.program_id, len(lowered.data) / 1e6,
              time.perf_counter() - t0)
-    program.shared.engines[f"{NAME}-lowered"] = replace(lowered, data=b"")
     return model
 
 
