@@ -16,8 +16,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 
-# Re-install only when the dependency declaration changed since the last successful setup.
-want="torch==$TORCH_VERSION $(sha256sum pyproject.toml | cut -d' ' -f1)"
+# Re-install only when the dependency declaration or the C kernels (built by the install) changed since the last
+# successful setup.
+want="torch==$TORCH_VERSION $(cat pyproject.toml polyfhe/fhe/_kernels.c | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   "$PY" -m pip install --quiet --upgrade pip
   # torch must come first: anything that depends on torch would otherwise pull a CUDA build.

@@ -23,7 +23,7 @@ import numpy as np
 from polyfhe.fhe.plaintexts import PlaintextKey
 from polyfhe.fhe.program import CKKSProgram, Step
 
-__all__ = ["THREADS_ENV", "InterleavedOps", "NumpyOps", "SlotOps", "default_threads", "execute", "observe_steps",
+__all__ = ["THREADS_ENV", "InterleavedOps", "NumpyOps", "SlotOps", "default_threads", "dot", "execute", "observe_steps",
            "pack_single", "run_plain", "unpack_single"]
 
 ZERO_ROW_WEIGHT = 2.0**-30
@@ -56,6 +56,7 @@ class SlotOps(Protocol):
     def rotate(self, ct: Any, step: int) -> Any: ...
     def mul_vector(self, ct: Any, vec: np.ndarray, key: PlaintextKey) -> Any: ...  # pre-rescale, scale -> target
     def mul_scalar(self, ct: Any, value: float) -> Any: ...  # pre-rescale, scale -> target
+    # optional: dot(terms) -> the sum of mul_vector(ct, vec, key) over terms of (ct, vec, key), in one pass
     def add(self, a: Any, b: Any) -> Any: ...
     def add_vector(self, ct: Any, vec: np.ndarray, key: PlaintextKey) -> Any: ...  # at the pre-rescale scale
     def add_scalar(self, ct: Any, value: float) -> Any: ...  # every slot, at the pre-rescale scale
@@ -127,11 +128,26 @@ class InterleavedOps:
     def mul_vector(self, ct, vec, key):
         return self.inner.mul_vector(ct, np.repeat(vec, self.lanes), key)
 
+    def dot(self, terms):
+        return dot(self.inner, [(ct, np.repeat(vec, self.lanes), key) for ct, vec, key in terms])
+
     def add_vector(self, ct, vec, key):
         return self.inner.add_vector(ct, np.repeat(vec, self.lanes), key)
 
     def __getattr__(self, name):  # level, drop_to, mul_scalar, add, add_scalar, rescale, multiply, relin_rescale
         return getattr(self.inner, name)
+
+
+def dot(ops: SlotOps, terms: list[tuple[Any, np.ndarray, PlaintextKey]]) -> Any:
+    """The sum of ``ops.mul_vector(ct, vec, key)`` over ``terms``: in one pass where the backend has one (SEAL's
+    native dot kernel), else product by product."""
+    fused = getattr(ops, "dot", None)
+    if fused is not None:
+        return fused(terms)
+    acc = None
+    for ct, vec, key in terms:
+        acc = ops.add(acc, ops.mul_vector(ct, vec, key))
+    return acc
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -201,13 +217,14 @@ class _LinearWork:
 
     def giant(self, g: int, parts: list) -> Any:
         step, ops, arrays, run = self.step, self.ops, self.arrays, self.run
-        inner = None
+        products = []
         for ti, rows in parts:
             term = step.attrs["terms"][ti]
             ks, diags = arrays[term["ks"]], arrays[term["diags"]]
             for row in rows:
                 rot = run.cache[(term["input"], int(ks[row] % self.baby), self.target)]
-                inner = ops.add(inner, ops.mul_vector(rot, diags[row], PlaintextKey.diagonal(step.out, ti, int(row))))
+                products.append((rot, diags[row], PlaintextKey.diagonal(step.out, ti, int(row))))
+        inner = dot(ops, products)
         if self.rescale_first:  # a rescaled partial sum rotates over one prime fewer (a cheaper key switch)
             inner = ops.rescale(inner)
         return inner if g == 0 else ops.rotate(inner, g * self.baby)

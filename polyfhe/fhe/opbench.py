@@ -100,6 +100,8 @@ def seal_probes(chains=SEAL_CHAINS, repeats: int = 5) -> tuple[list[Probe], list
 
 
 def _seal_level(seal, ct, ring: int, primes: int, relin, galois, rng, repeats: int) -> list[Probe]:
+    from polyfhe.fhe.seal_native import native_kernels
+
     sa, ev = seal.sa, seal.evaluator
     vec = rng.random(ring // 2)
     # products and sums stream over distinct plaintexts and ciphertexts, as a program's diagonals do: one hot
@@ -111,7 +113,13 @@ def _seal_level(seal, ct, ring: int, primes: int, relin, galois, rng, repeats: i
     for o in outs:
         ev.multiply_plain(ct, plains[0], o)
 
+    native = native_kernels(seal)
+    sources = [native.copy(ct) for _ in range(STREAM)] if native is not None and native.dot_terms else []
+
     def plain_products():
+        if sources:  # what a giant step runs: the dot kernel over distinct rotations, their sum included
+            native.dot(sources, plains)
+            return
         for pt, o in zip(plains, outs, strict=True):
             ev.multiply_plain(ct, pt, o)
 

@@ -213,13 +213,18 @@ def fit_costs(engine: str, probes: Iterable[Probe], fingerprint: str = "", **ext
 # cache
 # --------------------------------------------------------------------------------------------------------------
 def engine_version(engine: str) -> str:
-    """Installed versions of the engine's distributions (part of the cache key)."""
+    """Installed versions of the engine's distributions (part of the cache key); for SEAL, also whether its
+    plaintext products run on polyfhe's dot kernel (its probe times that kernel then)."""
     parts = []
     for dist in ENGINE_DISTRIBUTIONS.get(engine, ()):
         try:
             parts.append(f"{dist}={metadata.version(dist)}")
         except metadata.PackageNotFoundError:
             parts.append(f"{dist}=missing")
+    if engine == "seal":
+        from polyfhe.fhe.seal_native import dot_available
+
+        parts.append(f"dot-kernel={'on' if dot_available() else 'off'}")
     return ",".join(parts)
 
 

@@ -356,6 +356,31 @@ class SealOps:
         self._count("plain_products")
         return out
 
+    def dot(self, terms: list[tuple]):
+        """``sum ct * vec`` over ``terms`` of (ciphertext, slot vector, plaintext key), each plaintext encoded as
+        :meth:`mul_vector` encodes it: one pass of the native dot kernel per :attr:`NativeSeal.dot_terms` terms
+        where it is present, else products and additions one by one (the same bytes either way)."""
+        chunk = self.native.dot_terms if self.native is not None else 0
+        if chunk < 2 or len(terms) < 2:
+            acc = None
+            for ct, vec, key in terms:
+                acc = self.add(acc, self.mul_vector(ct, vec, key))
+            return acc
+        acc = None
+        for start in range(0, len(terms), chunk):
+            part = terms[start:start + chunk]
+            with contextlib.ExitStack() as leases:
+                pts = [leases.enter_context(self._plaintext(key, vec, ct.parms_id(), self._target_scale(ct)))
+                       for ct, vec, key in part]
+                cts = [ct for ct, _, _ in part]
+                out = self.native.dot(cts, pts)
+                if out is None:  # declined (a precondition SEAL would check): the bindings raise what is wrong
+                    for ct, pt in zip(cts, pts, strict=True):
+                        out = self.add(out, self._multiply_plain(ct, pt))
+            self._count("plain_products", len(part))
+            acc = self.add(acc, out)
+        return acc
+
     def mul_scalar(self, ct, value):
         out = self._multiply_plain(ct, self._encode_scalar(value, ct.parms_id(), self._target_scale(ct)))
         self._count("plain_products")

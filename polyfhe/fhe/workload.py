@@ -32,6 +32,7 @@ import numpy as np
 from polyfhe.fhe.opcosts import OpSite, Tally, merge
 from polyfhe.fhe.params import CKKSParams
 from polyfhe.fhe.rotations import KeyChain
+from polyfhe.fhe.seal_native import dot_available
 
 __all__ = ["COMPILED_TALLIES", "TracedModel", "Workload", "data_primes", "program_workload", "trace_model",
            "traced_workload"]
@@ -90,6 +91,7 @@ def _seal_single(program) -> tuple[Tally, dict, int]:
     counters = dict.fromkeys(("rotations", "key_switches", "plain_products", "encodes_cold"), 0)
     cached: set[tuple[int, int, int]] = set()
     live, peak = {0}, 1
+    fused = dot_available()
     last = {r: i for i, s in enumerate(m.steps) for r in s.reads()}
 
     def add(site: OpSite, count: float = 1.0) -> None:
@@ -131,7 +133,9 @@ def _seal_single(program) -> tuple[Tally, dict, int]:
             rotate([g for g in giants if g], p - late)
             rotate(doublings, p - late)
             add(OpSite("plain_product", n, p), count)
-            add(OpSite("add", n, p), count)
+            # the dot kernel sums a giant step's products itself (its probe times them with their sum): then
+            # only the giant steps' partial sums are additions of their own
+            add(OpSite("add", n, p), len(giants) if fused else count)
             add(OpSite("rescale", n, p), len(giants) if late else 1)
             counters["plain_products"] += count
             counters["encodes_cold"] += count + (1 if attrs.get("bias") else 0)

@@ -1,5 +1,5 @@
-"""SEAL kernels through ctypes (no GIL): byte-identical to TenSEAL's bindings, refused preconditions fall back,
-and a server computes the same bytes either way."""
+"""SEAL kernels through ctypes (no GIL), and polyfhe's own dot kernel: byte-identical to TenSEAL's bindings,
+refused preconditions fall back, and a server computes the same bytes either way."""
 
 from __future__ import annotations
 
@@ -15,9 +15,18 @@ from torch import nn
 
 import polyfhe
 from polyfhe.fhe.params import CKKSParams
+from polyfhe.fhe.plaintexts import PlaintextKey
 from polyfhe.fhe.program import CKKSProgram
-from polyfhe.fhe.seal_backend import SealContext
-from polyfhe.fhe.seal_native import NATIVE_ENV, _library, native_kernels, self_test
+from polyfhe.fhe.seal_backend import SealContext, SealOps
+from polyfhe.fhe.seal_native import (
+    NATIVE_ENV,
+    _kernels,
+    _library,
+    dot_available,
+    dot_self_test,
+    native_kernels,
+    self_test,
+)
 
 pytestmark = pytest.mark.fhe
 
@@ -93,6 +102,84 @@ def test_what_seal_would_refuse_is_left_to_the_bindings(ring):
     three = sa.Ciphertext()
     ev.multiply(ct, ct, three)
     assert native.rotate(three, 1, galois, has_key=True) is None  # size 3: not relinearised
+
+
+def test_the_dot_kernel_is_built_and_passes_its_self_test():
+    """The install builds ``_kernels.c`` (scripts/setup.sh); a build without it would silently lose the kernel."""
+    assert dot_available(), "polyfhe/fhe/_kernels.c was not built: pip install -e . where a C compiler is present"
+    assert dot_self_test(_library(), _kernels()) is None
+
+
+def _encrypted(seal, ring_public, level: int, rng):
+    sa = seal.sa
+    ct = sa.Ciphertext()
+    sa.Encryptor(seal.context, ring_public).encrypt(
+        seal.encode(rng.uniform(-1, 1, seal.slots), seal.parms_id_at(level), seal.params.scale), ct)
+    return ct
+
+
+@pytest.fixture(scope="module")
+def public_key(ring):
+    seal = ring[0]
+    # a second key pair on the same ring: the kernels never look at keys, only at residues
+    keygen = seal.sa.KeyGenerator(seal.context)
+    public = seal.sa.PublicKey()
+    keygen.create_public_key(public)
+    return public
+
+
+@pytest.mark.parametrize("level, terms", [(0, 1), (0, 7), (1, 64), (2, 3)])
+def test_the_dot_kernel_matches_products_and_sums_byte_for_byte(ring, public_key, level, terms):
+    seal, native, _, _ = ring
+    sa, ev = seal.sa, seal.evaluator
+    rng = np.random.default_rng(level * 100 + terms)
+    cts = [_encrypted(seal, public_key, level, rng) for _ in range(terms)]
+    pts = [seal.encode(rng.uniform(-2, 2, seal.slots), cts[0].parms_id(), 2.0**29) for _ in range(terms)]
+    want = sa.Ciphertext()
+    ev.multiply_plain(cts[0], pts[0], want)
+    for ct, pt in zip(cts[1:], pts[1:], strict=True):
+        product = sa.Ciphertext()
+        ev.multiply_plain(ct, pt, product)
+        ev.add_inplace(want, product)
+    before = [seal.dump(ct) for ct in cts]
+    got = native.dot(cts, pts)
+    assert got is not None and _same(seal, got, want)
+    assert [seal.dump(ct) for ct in cts] == before  # inputs untouched
+
+
+def test_the_dot_kernel_declines_what_seal_would_refuse(ring, public_key):
+    seal, native, _, ct = ring
+    sa, ev = seal.sa, seal.evaluator
+    rng = np.random.default_rng(3)
+    other = _encrypted(seal, public_key, 0, rng)
+    pt = seal.encode(np.ones(4), ct.parms_id(), seal.params.scale)
+    low = sa.Ciphertext()
+    ev.mod_switch_to(ct, seal.parms_id_at(1), low)
+    assert native.dot([], []) is None
+    assert native.dot([ct, other], [pt]) is None  # lengths differ
+    assert native.dot([ct] * (native.dot_terms + 1), [pt] * (native.dot_terms + 1)) is None  # too many terms
+    assert native.dot([ct, low], [pt, pt]) is None  # levels differ
+    assert native.dot([ct, other], [pt, seal.encode(np.ones(4), ct.parms_id(), 2.0**20)]) is None  # two scales
+    assert native.dot([ct], [seal.encode(np.ones(4), ct.parms_id(), 2.0**115)]) is None  # over the modulus
+    three = sa.Ciphertext()
+    ev.multiply(ct, ct, three)
+    assert native.dot([three], [pt]) is None  # size 3: not relinearised
+
+
+def test_sealops_dot_chunks_long_sums_and_counts_every_product(ring, public_key):
+    seal, _, galois, _ = ring
+    rng = np.random.default_rng(4)
+    cts = [_encrypted(seal, public_key, 0, rng) for _ in range(10)]
+    vecs = [rng.uniform(-1, 1, 16) for _ in cts]
+    terms = [(ct, vec, PlaintextKey.diagonal(7, 0, i)) for i, (ct, vec) in enumerate(zip(cts, vecs, strict=True))]
+    ops = SealOps(seal, None, galois)
+    loose = SealOps(seal, None, galois)
+    loose.native = None  # product by product through the bindings
+    ops.native.dot_terms = 4  # three passes: 4 + 4 + 2 terms
+    got, want = ops.dot(terms), loose.dot(terms)
+    assert _same(seal, got, want)
+    assert ops.counts["plain_products"] == loose.counts["plain_products"] == 10
+    assert ops.counts["encodes"] == 10
 
 
 class _Square(nn.Module):
