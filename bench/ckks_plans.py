@@ -225,7 +225,20 @@ def stage_server(program: Path, work: Path) -> dict:
         times.append(time.perf_counter() - start)
         path.with_suffix(".out").write_bytes(result)
         counts.append(dict(server.last_run.counts))
-    return {"server_s": times, "server_rss_gb": _rss_gb(), "counts": counts[-1] if counts else {}, "warm_up_s": warm_s}
+    return {"server_s": times, "server_rss_gb": _rss_gb(), "counts": counts[-1] if counts else {}, "warm_up_s": warm_s,
+            "dot_kernel": _dot_kernel(prog.manifest.backend)}
+
+
+def _dot_kernel(backend: str) -> str | None:
+    """Whether this tree's SEAL server summed its plaintext products on polyfhe's dot kernel (a baseline from
+    before the kernel: no)."""
+    if backend != "seal":
+        return None
+    try:
+        from polyfhe.fhe.seal_native import dot_available
+    except ImportError:
+        return "no"
+    return "yes" if dot_available() else "no"
 
 
 def stage_keys(folder: Path, program: Path, work: Path, images: int) -> dict:
@@ -290,7 +303,8 @@ def stage_client(folder: Path, program: Path, tree_env: dict, images: int) -> di
             "per_image_s": statistics.median(warm) / lanes, "server_rss_gb": server["server_rss_gb"],
             "max_logit_error": float(np.max(np.abs(logits - reference))),
             "argmax_agreement": float(np.mean(logits.argmax(1) == reference.argmax(1))), "counts": server["counts"],
-            "rotations": server["counts"].get("rotations"), "key_switches": server["counts"].get("key_switches")}
+            "rotations": server["counts"].get("rotations"), "key_switches": server["counts"].get("key_switches"),
+            "dot_kernel": server.get("dot_kernel")}
 
 
 class StageFailed(RuntimeError):
@@ -377,6 +391,7 @@ ROWS = [("plaintext_diagonals", "plaintext diagonals", "{:,}"), ("linear_maps", 
         ("warm_up_s", "plaintexts encoded before serving (s)", "{:.1f}"),
         ("cold_s", "cold latency per ciphertext (s)", "{:.2f}"), ("warm_s", "warm latency per ciphertext (s)", "{:.2f}"),
         ("per_image_s", "warm time per image (s)", "{:.3f}"), ("server_rss_gb", "server peak RSS (GB)", "{:.2f}"),
+        ("dot_kernel", "SEAL products summed on the dot kernel", "{}"),
         ("keygen_child_rss_gb", "bootstrapping key generation peak RSS (GB)", "{:.2f}"),
         ("client_rss_gb", "client peak RSS, making the public context (GB)", "{:.2f}"),
         ("images", "images run", "{}"), ("argmax_agreement", "argmax agreement", "{:.0%}"),
