@@ -284,17 +284,37 @@ def native_kernels(seal) -> NativeSeal | None:
     return None if library is None else NativeSeal(library, seal, _kernels())
 
 
+def _throwaway_ring(params):
+    """(SealContext, key generator, public key) of an insecure ring for a self-test."""
+    from polyfhe.fhe.seal_backend import SealContext
+
+    seal = SealContext(params)
+    keygen = seal.sa.KeyGenerator(seal.context)
+    public = seal.sa.PublicKey()
+    keygen.create_public_key(public)
+    return seal, keygen, public
+
+
+def bound_dot(seal, cts: list, pts: list):
+    """``sum_t cts[t] * pts[t]`` through the bindings' ``multiply_plain`` and ``add_inplace``: what the dot
+    kernel must equal byte for byte."""
+    sa, ev = seal.sa, seal.evaluator
+    total = sa.Ciphertext()
+    ev.multiply_plain(cts[0], pts[0], total)
+    for ct, pt in zip(cts[1:], pts[1:], strict=True):
+        product = sa.Ciphertext()
+        ev.multiply_plain(ct, pt, product)
+        ev.add_inplace(total, product)
+    return total
+
+
 def self_test(library: ctypes.CDLL) -> str | None:
     """Run every kernel on a throwaway insecure ring against the bindings; the first difference, or None."""
     from polyfhe.fhe.params import CKKSParams
-    from polyfhe.fhe.seal_backend import SealContext
 
-    params = CKKSParams(poly_modulus_degree=4096, coeff_mod_bits=(40, 30, 40), scale_bits=30, security="none")
-    seal = SealContext(params)
+    seal, keygen, public = _throwaway_ring(
+        CKKSParams(poly_modulus_degree=4096, coeff_mod_bits=(40, 30, 40), scale_bits=30, security="none"))
     sa, ev = seal.sa, seal.evaluator
-    keygen = sa.KeyGenerator(seal.context)
-    public = sa.PublicKey()
-    keygen.create_public_key(public)
     tool = seal.context.key_context_data().galois_tool()
     steps = (1, 3, -2)
     galois = sa.GaloisKeys()
@@ -346,14 +366,10 @@ def dot_self_test(library: ctypes.CDLL, kernels: ctypes.CDLL) -> str | None:
     """The dot kernel against ``multiply_plain`` and ``add_inplace`` of the bindings, byte for byte, on a
     throwaway ring at two levels with a 60-bit prime (the largest products) and the most terms a call takes."""
     from polyfhe.fhe.params import CKKSParams
-    from polyfhe.fhe.seal_backend import SealContext
 
-    params = CKKSParams(poly_modulus_degree=2048, coeff_mod_bits=(60, 30, 60), scale_bits=30, security="none")
-    seal = SealContext(params)
-    sa, ev = seal.sa, seal.evaluator
-    keygen = sa.KeyGenerator(seal.context)
-    public = sa.PublicKey()
-    keygen.create_public_key(public)
+    seal, _, public = _throwaway_ring(
+        CKKSParams(poly_modulus_degree=2048, coeff_mod_bits=(60, 30, 60), scale_bits=30, security="none"))
+    sa = seal.sa
     encryptor = sa.Encryptor(seal.context, public)
     native = NativeSeal(library, seal, kernels)
     rng = np.random.default_rng(1)
@@ -365,12 +381,7 @@ def dot_self_test(library: ctypes.CDLL, kernels: ctypes.CDLL) -> str | None:
             encryptor.encrypt(seal.encode(rng.uniform(-1, 1, seal.slots), parms_id, 2.0**30), ct)
             cts.append(ct)
         pts = [seal.encode(rng.uniform(-1, 1, seal.slots), parms_id, 2.0**29) for _ in range(terms)]
-        want = sa.Ciphertext()
-        ev.multiply_plain(cts[0], pts[0], want)
-        for ct, pt in zip(cts[1:], pts[1:], strict=True):
-            product = sa.Ciphertext()
-            ev.multiply_plain(ct, pt, product)
-            ev.add_inplace(want, product)
+        want = bound_dot(seal, cts, pts)
         got = native.dot(cts, pts)
         if got is None or seal.dump(got) != seal.dump(want) or got.scale != want.scale:
             return f"dot of {terms} terms at level {level}"

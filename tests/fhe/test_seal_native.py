@@ -22,6 +22,7 @@ from polyfhe.fhe.seal_native import (
     NATIVE_ENV,
     _kernels,
     _library,
+    bound_dot,
     dot_available,
     dot_self_test,
     native_kernels,
@@ -131,16 +132,10 @@ def public_key(ring):
 @pytest.mark.parametrize("level, terms", [(0, 1), (0, 7), (1, 64), (2, 3)])
 def test_the_dot_kernel_matches_products_and_sums_byte_for_byte(ring, public_key, level, terms):
     seal, native, _, _ = ring
-    sa, ev = seal.sa, seal.evaluator
     rng = np.random.default_rng(level * 100 + terms)
     cts = [_encrypted(seal, public_key, level, rng) for _ in range(terms)]
     pts = [seal.encode(rng.uniform(-2, 2, seal.slots), cts[0].parms_id(), 2.0**29) for _ in range(terms)]
-    want = sa.Ciphertext()
-    ev.multiply_plain(cts[0], pts[0], want)
-    for ct, pt in zip(cts[1:], pts[1:], strict=True):
-        product = sa.Ciphertext()
-        ev.multiply_plain(ct, pt, product)
-        ev.add_inplace(want, product)
+    want = bound_dot(seal, cts, pts)
     before = [seal.dump(ct) for ct in cts]
     got = native.dot(cts, pts)
     assert got is not None and _same(seal, got, want)
