@@ -284,6 +284,24 @@ def native_kernels(seal) -> NativeSeal | None:
     return None if library is None else NativeSeal(library, seal, _kernels())
 
 
+def residues(obj, offset: int, count: int) -> np.ndarray:
+    """A writable view of a SEAL object's ``count`` residues (``offset``: :data:`CT_DATA_OFFSET` or
+    :data:`PT_DATA_OFFSET`); for self-tests, which set them to extreme values."""
+    address = _data(obj, offset, count)
+    if address is None:
+        raise ValueError(f"the object does not hold {count} residues")
+    return np.ctypeslib.as_array((ctypes.c_uint64 * count).from_address(address))
+
+
+def _largest_residues(seal, ct, pt) -> None:
+    """Every residue of ``ct`` and ``pt`` set to q - 1 for its prime q: the largest products the kernel sums."""
+    moduli = [m.value() for m in seal.context.get_context_data(ct.parms_id()).parms().coeff_modulus()]
+    n = seal.params.poly_modulus_degree
+    column = np.repeat(np.array(moduli, dtype=np.uint64) - np.uint64(1), n)
+    residues(ct, CT_DATA_OFFSET, 2 * len(column))[:] = np.tile(column, 2)
+    residues(pt, PT_DATA_OFFSET, len(column))[:] = column
+
+
 def _throwaway_ring(params):
     """(SealContext, key generator, public key) of an insecure ring for a self-test."""
     from polyfhe.fhe.seal_backend import SealContext
@@ -385,6 +403,11 @@ def dot_self_test(library: ctypes.CDLL, kernels: ctypes.CDLL) -> str | None:
         got = native.dot(cts, pts)
         if got is None or seal.dump(got) != seal.dump(want) or got.scale != want.scale:
             return f"dot of {terms} terms at level {level}"
+    _largest_residues(seal, cts[0], pts[0])  # (q - 1)^2 summed dot_terms times: within 2^8 of 128 bits
+    worst = [cts[0]] * native.dot_terms, [pts[0]] * native.dot_terms
+    got = native.dot(*worst)
+    if got is None or seal.dump(got) != seal.dump(bound_dot(seal, *worst)):
+        return f"dot of {native.dot_terms} terms of the largest residues"
     odd_scale = seal.encode(rng.uniform(-1, 1, seal.slots), cts[0].parms_id(), 2.0**28)
     if native.dot(cts, pts[:-1]) is not None or native.dot(cts[:2], [pts[0], odd_scale]) is not None:
         return "a malformed call (unequal lengths, products at two scales) was not declined"

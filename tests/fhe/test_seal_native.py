@@ -19,13 +19,16 @@ from polyfhe.fhe.plaintexts import PlaintextKey
 from polyfhe.fhe.program import CKKSProgram
 from polyfhe.fhe.seal_backend import SealContext, SealOps
 from polyfhe.fhe.seal_native import (
+    CT_DATA_OFFSET,
     NATIVE_ENV,
     _kernels,
+    _largest_residues,
     _library,
     bound_dot,
     dot_available,
     dot_self_test,
     native_kernels,
+    residues,
     self_test,
 )
 
@@ -140,6 +143,26 @@ def test_the_dot_kernel_matches_products_and_sums_byte_for_byte(ring, public_key
     got = native.dot(cts, pts)
     assert got is not None and _same(seal, got, want)
     assert [seal.dump(ct) for ct in cts] == before  # inputs untouched
+
+
+def test_the_dot_kernel_is_exact_at_the_largest_sums_it_accepts():
+    """The most terms a pass takes, 60-bit primes and every residue q - 1: each product is (q - 1)^2 and the 128-bit
+    sum comes within 2^8 of overflowing; its reduction must still equal SEAL's, residue for residue."""
+    seal = SealContext(CKKSParams(2048, (60, 60, 60), 30, security="none"))
+    native = native_kernels(seal)
+    keygen = seal.sa.KeyGenerator(seal.context)
+    public = seal.sa.PublicKey()
+    keygen.create_public_key(public)
+    ct = _encrypted(seal, public, 0, np.random.default_rng(5))
+    pt = seal.encode(np.ones(4), ct.parms_id(), 2.0**30)
+    moduli = [m.value() for m in seal.context.get_context_data(ct.parms_id()).parms().coeff_modulus()]
+    assert len(moduli) == 2 and min(moduli) > 2**59
+    _largest_residues(seal, ct, pt)
+    terms = native.dot_terms
+    got = native.dot([ct] * terms, [pt] * terms)
+    assert got is not None and _same(seal, got, bound_dot(seal, [ct] * terms, [pt] * terms))
+    # (q - 1)^2 = 1 mod q: every residue of the sum is the number of terms
+    assert (residues(got, CT_DATA_OFFSET, 2 * len(moduli) * 2048) == terms).all()
 
 
 def test_the_dot_kernel_declines_what_seal_would_refuse(ring, public_key):
