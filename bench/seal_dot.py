@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -33,19 +32,10 @@ DEFAULT_OUT = HERE / "results"
 DEFAULT_CHAIN = (48, *([31] * 11), 48)  # cpolynext_fhe_bn at 28x28: 12 data primes, 11 levels at 2^31
 
 
-def _best(fn, repeats: int) -> float:
-    fn()  # warm: memory pool, caches
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def measure(ring: int, chain: tuple[int, ...], primes_list: list[int], terms_list: list[int],
             repeats: int) -> list[dict]:
     """One row per (primes, terms): milliseconds per term both ways, and whether the bytes agree."""
+    from polyfhe.fhe.opbench import best_seconds
     from polyfhe.fhe.params import CKKSParams
     from polyfhe.fhe.seal_backend import SealContext
     from polyfhe.fhe.seal_native import native_kernels
@@ -87,8 +77,8 @@ def measure(ring: int, chain: tuple[int, ...], primes_list: list[int], terms_lis
             def fused(cts=cts, pts=pts):
                 return native.dot(cts, pts)
 
-            same = seal.dump(one_by_one()) == seal.dump(fused())
-            before, after = _best(one_by_one, repeats), _best(fused, repeats)
+            same = seal.dump(one_by_one()) == seal.dump(fused())  # also the warm-up: memory pool, caches
+            before, after = best_seconds(one_by_one, repeats), best_seconds(fused, repeats)
             rows.append({"ring": ring, "primes": primes, "terms": terms, "seal_ms": 1e3 * before / terms,
                          "dot_ms": 1e3 * after / terms, "speedup": before / after, "identical": same})
     return rows

@@ -24,7 +24,7 @@ from polyfhe.fhe.plaintexts import PlaintextKey
 from polyfhe.fhe.program import CKKSProgram, Step
 
 __all__ = ["THREADS_ENV", "InterleavedOps", "NumpyOps", "SlotOps", "default_threads", "dot", "execute", "observe_steps",
-           "pack_single", "run_plain", "unpack_single"]
+           "pack_single", "run_plain", "sum_of_products", "unpack_single"]
 
 ZERO_ROW_WEIGHT = 2.0**-30
 GIANT_ROTATION_WEIGHT = 20.0  # a giant step's rotation in plaintext products, to order the pool's work (dearest first)
@@ -142,8 +142,11 @@ def dot(ops: SlotOps, terms: list[tuple[Any, np.ndarray, PlaintextKey]]) -> Any:
     """The sum of ``ops.mul_vector(ct, vec, key)`` over ``terms``: in one pass where the backend has one (SEAL's
     native dot kernel), else product by product."""
     fused = getattr(ops, "dot", None)
-    if fused is not None:
-        return fused(terms)
+    return fused(terms) if fused is not None else sum_of_products(ops, terms)
+
+
+def sum_of_products(ops: SlotOps, terms: list[tuple[Any, np.ndarray, PlaintextKey]]) -> Any:
+    """``ops.mul_vector`` of each term, summed with ``ops.add`` one by one."""
     acc = None
     for ct, vec, key in terms:
         acc = ops.add(acc, ops.mul_vector(ct, vec, key))

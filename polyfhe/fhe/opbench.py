@@ -24,7 +24,7 @@ import numpy as np
 from polyfhe.fhe.opcosts import OpSite, Probe, Tally, merge
 from polyfhe.fhe.params import CKKSParams
 
-__all__ = ["CALIBRATORS", "KeyObservation", "lattigo_probes", "measure_base_rss", "seal_probes"]
+__all__ = ["CALIBRATORS", "KeyObservation", "best_seconds", "lattigo_probes", "measure_base_rss", "seal_probes"]
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ STREAM = 32  # distinct plaintexts (and product ciphertexts) a SEAL product or s
 KeyObservation = tuple[tuple[tuple[int, int], ...], int, int]  # ((bits, coefficients) per prime), polys, bytes
 
 
-def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
     """The fastest of ``repeats`` calls: on a shared machine the slower ones measure the other jobs."""
     times = []
     for _ in range(repeats):
@@ -144,7 +144,7 @@ def _seal_level(seal, ct, ring: int, primes: int, relin, galois, rng, repeats: i
     for op, (fn, digits, count) in timed.items():
         fn()  # warm
         probes.append(Probe(f"seal {op} N={ring} p={primes}", {OpSite(op, ring, primes, digits): float(count)},
-                            _best_seconds(fn, repeats)))
+                            best_seconds(fn, repeats)))
     return probes
 
 
@@ -265,7 +265,7 @@ def lattigo_probes(chains=LATTIGO_CHAINS, repeats: int = 3) -> tuple[list[Probe]
                 probes.append(Probe(f"lattigo load {name} N={ring}", encodes, min(loads)))
             model = evaluator_lib.Model.load(container)
             evaluator.forward(model, [ct])  # warm
-            seconds = _best_seconds(lambda m=model, e=evaluator, c=ct: e.forward(m, [c]), repeats)
+            seconds = best_seconds(lambda m=model, e=evaluator, c=ct: e.forward(m, [c]), repeats)
             model.close()
             probes.append(Probe(f"lattigo {name} N={ring}", merge(tally, io), seconds))
         evaluator.close()

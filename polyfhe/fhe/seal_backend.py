@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from polyfhe.fhe.execute import sum_of_products
 from polyfhe.fhe.params import CKKSParams
 from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES, PlaintextKey, PlaintextStore, store_with_budget
 from polyfhe.fhe.rotations import KeyChain
@@ -362,10 +363,7 @@ class SealOps:
         where it is present, else products and additions one by one (the same bytes either way)."""
         chunk = self.native.dot_terms if self.native is not None else 0
         if chunk < 2 or len(terms) < 2:
-            acc = None
-            for ct, vec, key in terms:
-                acc = self.add(acc, self.mul_vector(ct, vec, key))
-            return acc
+            return sum_of_products(self, terms)
         acc = None
         for start in range(0, len(terms), chunk):
             part = terms[start:start + chunk]
