@@ -111,7 +111,8 @@ class SealContext:
 
     # ----------------------------------------------------------------------------------------------------
     def dump(self, obj) -> bytes:
-        """Serialise a SEAL object (zstd-compressed SEAL format), in memory: secret keys never touch a disk."""
+        """Serialise a SEAL object (zstd-compressed SEAL format) through :func:`_memory_file`: in memory on Linux;
+        elsewhere through a 0600 file in a private temporary directory, removed as soon as it is read back."""
         with _memory_file() as (fd, path):
             obj.save(path)
             return _read_all(fd)
@@ -173,10 +174,14 @@ def _seal_layout(context, n: int) -> SealLayout:
 
 @contextlib.contextmanager
 def _memory_file():
-    """(fd, path) of an anonymous in-memory file: ``tenseal.sealapi`` (de)serialises only through paths.
+    """(fd, path) of a file to (de)serialise through: ``tenseal.sealapi`` (de)serialises only through paths.
 
-    Linux: ``memfd_create``, reached as ``/proc/self/fd/N``; no directory entry, nothing on disk. Elsewhere a
-    private temporary file (mode 0600), removed at once; keys pass through it only there.
+    Linux (``memfd_create`` and ``/proc/self/fd``): an anonymous in-memory file reached as ``/proc/self/fd/N``; no
+    directory entry, nothing on disk. Elsewhere (macOS, Windows, a Linux without ``/proc``) there is no anonymous
+    file SEAL can open by path, so the bytes, secret keys included, do pass through the temporary directory's file
+    system: a file of mode 0600 inside a fresh directory of mode 0700 (``tempfile.mkdtemp``), unlinked together
+    with its directory as soon as the caller's block ends. It can reach a disk only there and only while the
+    block runs (or in swap/page cache, as any memory can).
     """
     if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
         fd = os.memfd_create("polyfhe-seal", os.MFD_CLOEXEC)
@@ -185,12 +190,18 @@ def _memory_file():
         finally:
             os.close(fd)
         return
-    fd, path = tempfile.mkstemp(prefix="polyfhe-")
+    directory = tempfile.mkdtemp(prefix="polyfhe-")  # mode 0700: no other user can list or open what is inside
+    path = os.path.join(directory, "object")
     try:
-        yield fd, path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
+        try:
+            yield fd, path
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
-        os.unlink(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.rmdir(directory)
 
 
 def _read_all(fd: int) -> bytes:
