@@ -14,6 +14,12 @@ load it, uncompressed. Formats (SEAL 4.x, ``serializable.h``, ``ciphertext.cpp``
 - key-switching keys: parms_id, u64 rows, per row a u64 count and that many public keys, each with a header;
   a Galois key set has N rows, row ``galois_element >> 1``;
 - secret key: a plaintext: parms_id, coefficient count (u64), scale (f64), DynArray.
+
+Values are checked too, in one linear pass over the inflated bytes (:func:`scan_polynomial`, numpy, a bounded
+buffer): every key-switching key and the public key must hold each residue below its prime (the key level's
+primes, in order) and no degenerate polynomial (per prime, neither component all-zero nor constant: a real key's
+components are uniformly random, and a key of zeros makes the first rotation a transparent ciphertext); a
+ciphertext's residues are below the primes of its level and its second component is zero modulo no prime.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
+
 __all__ = ["SealLayout", "SerializationError", "decoded_context_bytes", "expected_bytes", "inflate_into",
-           "parse_header", "read_header"]
+           "parse_header", "read_header", "scan_polynomial", "seal_layout"]
 
 HEADER = struct.Struct("<HBBBBHQ")
 MAGIC = 0xA15E
@@ -36,6 +44,9 @@ KSWITCH_PREFIX = 32 + 8  # parms_id, row count
 PLAINTEXT_MEMBERS = 32 + 8 + 8  # parms_id, coefficient count, scale
 MAX_WINDOW = 1 << 25  # zstd window a decoder may allocate (SEAL's frames use 2 MiB)
 CHUNK = 1 << 22
+SCAN_BYTES = 1 << 22  # the residue scan reads at most this much at once (whole primes' rows, at least one)
+# SEAL's primes are at most 60 bits (CoeffModulus::Create): the bound a layout without its primes checks against
+MAX_MODULUS = 1 << 60
 
 
 class SerializationError(ValueError):
@@ -140,13 +151,25 @@ def _inflate_zlib(body, cap: int, write) -> None:
 @dataclass(frozen=True)
 class SealLayout:
     """What a program's SEAL objects must look like: the ring, each level's parms_id and prime count (top level
-    first), the key level's, and the Galois elements keys exist for."""
+    first), the key level's, and (for the residue scan) the primes themselves: ``level_moduli[i]`` the primes of
+    level ``i`` in order, ``key_moduli`` the key level's. Without them (a layout built from counts only) residues
+    are checked against :data:`MAX_MODULUS`, SEAL's largest prime bound; :func:`seal_layout` fills them in."""
 
     n: int
     level_ids: tuple[bytes, ...]
     level_primes: tuple[int, ...]
     key_id: bytes
     key_primes: int
+    level_moduli: tuple[tuple[int, ...], ...] = ()
+    key_moduli: tuple[int, ...] = ()
+
+    def moduli_at(self, level: int, primes: int) -> np.ndarray:
+        """The primes of ``level`` (-1: the key level) as uint64, or ``primes`` copies of MAX_MODULUS when the
+        layout was built without them."""
+        known = self.key_moduli if level < 0 else (self.level_moduli[level] if self.level_moduli else ())
+        if len(known) == primes:
+            return np.array(known, dtype=np.uint64)
+        return np.full(primes, MAX_MODULUS, dtype=np.uint64)
 
     def ciphertext_bytes(self, primes: int) -> int:
         return CT_MEMBERS + DYNARRAY_PREFIX + 2 * self.n * primes * 8
@@ -196,9 +219,12 @@ class CiphertextFields:
 
 
 def check_ciphertext(fd: int, offset: int, length: int, layout: SealLayout, *, key_level: bool = False,
-                     what: str = "ciphertext") -> CiphertextFields:
+                     what: str = "ciphertext", buffer: np.ndarray | None = None) -> CiphertextFields:
     """Walk one ciphertext's members at ``offset`` (``length`` payload bytes): a known level, two components,
-    this ring, the exact data length, a finite positive scale."""
+    this ring, the exact data length, a finite positive scale; then scan its values: every residue below its
+    prime (the primes of its level, in order) and, for a ciphertext, the second component zero modulo no prime
+    (not transparent); for a key (``key_level``: a public key or one part of a key-switching key) neither
+    component all-zero or constant modulo any prime."""
     raw = os.pread(fd, CT_MEMBERS, offset)
     if len(raw) != CT_MEMBERS:
         raise SerializationError(f"truncated {what}")
@@ -224,6 +250,16 @@ def check_ciphertext(fd: int, offset: int, length: int, layout: SealLayout, *, k
     count = _u64(fd, offset + CT_MEMBERS + HEADER.size, "coefficient count")
     if count != 2 * n * primes:
         raise SerializationError(f"{what} declares {count} coefficients, {2 * n * primes} expected")
+    moduli = layout.moduli_at(level, primes)
+    start = offset + CT_MEMBERS + DYNARRAY_PREFIX
+    if key_level:
+        scan_polynomial(fd, start, n, moduli, f"{what}, first component", buffer=buffer)
+        scan_polynomial(fd, start + n * primes * 8, n, moduli, f"{what}, second component (the random part)",
+                        buffer=buffer)
+    else:
+        scan_polynomial(fd, start, n, moduli, f"{what}, first component", degenerate=None, buffer=buffer)
+        scan_polynomial(fd, start + n * primes * 8, n, moduli, f"{what}, second component", degenerate="zero",
+                        buffer=buffer)
     return CiphertextFields(level, size, scale)
 
 
@@ -244,6 +280,7 @@ def check_kswitch(fd: int, length: int, layout: SealLayout, rows: set[int] | Non
         raise SerializationError(f"{what} have another row count than {want_rows}")
     offset += 8
     key_size = HEADER.size + layout.public_key_bytes
+    buffer = _scan_buffer(layout.n, layout.key_primes)
     for row in range(want_rows):
         count = _u64(fd, offset, "row length")
         offset += 8
@@ -253,24 +290,95 @@ def check_kswitch(fd: int, length: int, layout: SealLayout, rows: set[int] | Non
             raise SerializationError(f"{what}: row {row}{extra} holds {count} keys; the program needs "
                                      f"{layout.decomposition if wanted else 0} there (the key set must be exactly "
                                      "the program's)")
-        for _ in range(count):
+        for part in range(count):
             header = read_header(fd, offset)
             if header.size != key_size:
                 raise SerializationError(f"{what}: a key of {header.size} bytes, {key_size} expected")
-            check_ciphertext(fd, offset + HEADER.size, layout.public_key_bytes, layout, key_level=True,
-                             what=f"{what} key")
-            _check_random_part(fd, offset + HEADER.size, layout, what)
+            name = (f"{what}: key {part} of {count}" if rows is None else
+                    f"{what}: the key of Galois element {2 * row + 1}, part {part} of {count}")
+            check_ciphertext(fd, offset + HEADER.size, layout.public_key_bytes, layout, key_level=True, what=name,
+                             buffer=buffer)
             offset += key_size
     if offset != HEADER.size + length:
         raise SerializationError(f"{what} have {HEADER.size + length - offset} trailing bytes")
 
 
-def _check_random_part(fd: int, offset: int, layout: SealLayout, what: str) -> None:
-    """Refuse a key whose uniformly random component starts with eight zero coefficients (a real key does so
-    with probability about 2^-400): all-zero keys make every product of the session fail as transparent."""
-    start = offset + CT_MEMBERS + DYNARRAY_PREFIX + layout.n * layout.key_primes * 8
-    if not any(os.pread(fd, 64, start)):
-        raise SerializationError(f"{what} hold a key whose random component is zero: not a key")
+def _scan_buffer(n: int, primes: int) -> np.ndarray:
+    rows = max(1, min(primes, SCAN_BYTES // (8 * n)))
+    return np.empty((rows, n), dtype="<u8")
+
+
+def scan_polynomial(source, offset: int, n: int, moduli: np.ndarray, what: str, *,
+                    degenerate: str | None = "constant", error: type[Exception] = None,
+                    buffer: np.ndarray | None = None, row_stride: int | None = None) -> None:
+    """Check one RNS polynomial of ``len(moduli)`` rows of ``n`` little-endian u64 residues at ``offset``.
+
+    ``source``: a file descriptor (read with ``preadv`` into ``buffer``, a few MiB reused: memory stays bounded
+    whatever the object's size) or a bytes-like object (read in place, no copy). ``row_stride``: bytes from one
+    row's start to the next (default ``8 n``; Lattigo puts a u64 length before each row). Every residue of row
+    ``i`` must be below ``moduli[i]``; ``degenerate``: ``"constant"`` refuses a row whose residues are all equal
+    (all zero included), ``"zero"`` only an all-zero row, ``None`` neither. One max and one min reduction per
+    row (vectorised); the first offence is located only to name it. Raises ``error`` (default
+    :class:`SerializationError`) naming ``what``, the prime and the value."""
+    error = SerializationError if error is None else error
+    moduli = np.asarray(moduli, dtype=np.uint64)
+    primes, stride = len(moduli), 8 * n if row_stride is None else row_stride
+    in_memory = not isinstance(source, int)
+    if in_memory:
+        view = memoryview(source).cast("B")
+        if offset + (primes - 1) * stride + 8 * n > len(view):
+            raise error(f"{what} is truncated")
+        rows_at_once = primes
+    else:
+        if buffer is None or buffer.shape[1] != n:
+            buffer = _scan_buffer(n, primes)
+        rows_at_once = buffer.shape[0]
+    for first in range(0, primes, rows_at_once):
+        count = min(rows_at_once, primes - first)
+        if in_memory:
+            block = np.ndarray((count, n), dtype="<u8", buffer=view, offset=offset + first * stride,
+                               strides=(stride, 8))
+        else:
+            block = buffer[:count]
+            if stride == 8 * n:
+                _pread_exact(source, block, offset + first * stride, what, error)
+            else:
+                for r in range(count):
+                    _pread_exact(source, block[r], offset + (first + r) * stride, what, error)
+        _check_rows(block, moduli[first:first + count], first, what, degenerate, error)
+
+
+def _pread_exact(fd: int, out: np.ndarray, offset: int, what: str, error) -> None:
+    view, got = memoryview(out).cast("B"), 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n <= 0:
+            raise error(f"{what} is truncated")
+        got += n
+
+
+def _check_rows(block: np.ndarray, moduli: np.ndarray, first: int, what: str, degenerate: str | None,
+                error) -> None:
+    high = block.max(axis=1)
+    over = np.flatnonzero(high >= moduli)
+    if over.size:
+        i = int(over[0])
+        j = int(np.argmax(block[i] >= moduli[i]))
+        bound = "SEAL's largest prime bound" if int(moduli[i]) == MAX_MODULUS else "its prime"
+        raise error(f"{what}: residue {j} modulo prime {first + i} (q={int(moduli[i])}) is {int(block[i, j])}, "
+                    f"not below {bound}: not a reduced polynomial")
+    if degenerate is None:
+        return
+    low = block.min(axis=1)
+    flat = np.flatnonzero(high == low) if degenerate == "constant" else np.flatnonzero(high == 0)
+    if flat.size:
+        i = int(flat[0])
+        value = int(high[i])
+        kind = "zero" if value == 0 else f"constant ({value})"
+        extra = "; a transparent ciphertext (it encrypts nothing)" if degenerate == "zero" else \
+            ": a real key's polynomials are uniformly random, this is not a key"
+        raise error(f"{what}: every residue modulo prime {first + i} (q={int(moduli[i])}) is {value}, a {kind} "
+                    f"polynomial{extra}")
 
 
 def check_secret_key(fd: int, length: int, layout: SealLayout) -> None:
@@ -281,6 +389,23 @@ def check_secret_key(fd: int, length: int, layout: SealLayout) -> None:
     if count != layout.n * layout.key_primes or length != layout.secret_key_bytes:
         raise SerializationError(f"secret key of {count} coefficients ({length} bytes); "
                                  f"{layout.n * layout.key_primes} expected")
+
+
+def seal_layout(context, n: int) -> SealLayout:
+    """The :class:`SealLayout` of a SEAL context (``tenseal.sealapi.SEALContext``): each level's parms_id, prime
+    count and primes (top first), the key level's, as the bytes SEAL writes them."""
+    ids, counts, moduli = [], [], []
+    data = context.first_context_data()
+    while data is not None:
+        ids.append(struct.pack("<4Q", *data.parms_id()))
+        primes = tuple(int(q.value()) for q in data.parms().coeff_modulus())
+        counts.append(len(primes))
+        moduli.append(primes)
+        data = data.next_context_data()
+    key = context.key_context_data()
+    key_moduli = tuple(int(q.value()) for q in key.parms().coeff_modulus())
+    return SealLayout(n, tuple(ids), tuple(counts), struct.pack("<4Q", *key.parms_id()), len(key_moduli),
+                      tuple(moduli), key_moduli)
 
 
 def decoded_context_bytes(n: int, key_primes: int, galois_elements: int) -> int:

@@ -261,3 +261,54 @@ def kswitch_fields(payload: bytes) -> list[tuple[str, int, str]]:
 def zero_bomb(inflated: int, prefix: bytes = b"") -> bytes:
     """A zstd SEAL object that inflates to ``prefix`` and then zeros, ``inflated`` bytes in all."""
     return seal_object(zstd_frame(prefix, (inflated - len(prefix), 0)))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# keys with bad values (the residue scan): a key's coefficients are two components, each primes x N residues
+# ------------------------------------------------------------------------------------------------------------
+KEY_DATA = SEAL_HEADER.size + META.size + SEAL_HEADER.size + 8  # a key object's start to its coefficients
+CIPHER_DATA = META.size + SEAL_HEADER.size + 8  # a ciphertext payload's start to its coefficients
+
+
+def key_data_offsets(payload: bytes, kind: str) -> list[tuple[int, CipherMeta]]:
+    """(offset of the coefficients, metadata) of every key ciphertext in an inflated public key
+    (``kind="public_key"``) or key-switching key set, in order."""
+    if kind == "public_key":
+        return [(CIPHER_DATA, CipherMeta.parse(payload))]
+    (rows,) = U64.unpack(payload[32:40])
+    pos, out = 40, []
+    for _ in range(rows):
+        (count,) = U64.unpack(payload[pos: pos + 8])
+        pos += 8
+        for _ in range(count):
+            out.append((pos + KEY_DATA, CipherMeta.parse(payload[pos + SEAL_HEADER.size:])))
+            pos += parse_header(payload[pos:])[6]
+    return out
+
+
+def bad_key(obj: bytes | memoryview, kind: str, how: str, *, key: int | None = 0, component: int = 1,
+            prime: int = 0, value: int = 0, after: int = 64) -> bytes:
+    """The zstd SEAL key object ``obj`` with bad values in ``key`` (its index among the object's key
+    ciphertexts; ``None``: every key):
+
+    - ``"zero_after"``: ``component`` zeroed past its first ``after`` bytes (the attack on a check that reads
+      only the start of the random part);
+    - ``"constant"``: row ``prime`` of ``component`` set to ``value`` everywhere;
+    - ``"residue"``: the first coefficient of row ``prime`` of ``component`` set to ``value`` (e.g. the prime).
+    """
+    body = bytearray(inflate(obj))
+    keys = key_data_offsets(bytes(body), kind)
+    for index, (start, meta) in enumerate(keys):
+        if key is not None and index != key:
+            continue
+        row = meta.n * 8
+        comp = start + component * meta.k * row
+        if how == "zero_after":
+            body[comp + after: comp + meta.k * row] = bytes(meta.k * row - after)
+        elif how == "constant":
+            body[comp + prime * row: comp + (prime + 1) * row] = U64.pack(value) * meta.n
+        elif how == "residue":
+            U64.pack_into(body, comp + prime * row, value)
+        else:
+            raise ValueError(how)
+    return compress(bytes(body))
