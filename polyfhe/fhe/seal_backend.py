@@ -23,7 +23,7 @@ from polyfhe.fhe.execute import sum_of_products
 from polyfhe.fhe.params import CKKSParams
 from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES, PlaintextKey, PlaintextStore, store_with_budget
 from polyfhe.fhe.rotations import KeyChain
-from polyfhe.fhe.seal_native import native_kernels
+from polyfhe.fhe.seal_native import SealCallError, native_kernels, refused
 from polyfhe.fhe.sealbytes import (
     HEADER,
     SealLayout,
@@ -35,8 +35,8 @@ from polyfhe.fhe.sealbytes import (
     inflate_into,
 )
 
-__all__ = ["COUNTERS", "DEFAULT_CACHE_BYTES", "SealContext", "SealOps", "SerializationError", "naf_terms",
-           "require_tenseal", "rotation_key_switches"]
+__all__ = ["COUNTERS", "DEFAULT_CACHE_BYTES", "SealCallError", "SealContext", "SealOps", "SerializationError",
+           "naf_terms", "require_tenseal", "rotation_key_switches"]
 
 DEFAULT_CACHE_BYTES = DEFAULT_PLAINTEXT_BYTES  # the plaintext store's default budget per program
 
@@ -53,6 +53,23 @@ COUNTERS = (
 )
 
 log = logging.getLogger(__name__)
+
+# What TenSEAL's bindings raise where SEAL refuses an operation: pybind11's translations of SEAL's exceptions
+# (logic_error and others: RuntimeError; invalid_argument: ValueError; out_of_range: IndexError; overflow_error:
+# OverflowError). std::bad_alloc becomes MemoryError, which is not among them and passes through unchanged.
+_BINDING_REFUSALS = (RuntimeError, ValueError, IndexError, OverflowError)
+
+
+def _bound(operation: str, call: Callable, *arguments):
+    """``call(*arguments)``, a binding of SEAL's, with a refusal raised as :class:`SealCallError` (as the native
+    path raises it), so a caller tells SEAL's refusal of a client's values from a bug of its own the same way
+    on both paths."""
+    try:
+        return call(*arguments)
+    except SealCallError:
+        raise
+    except _BINDING_REFUSALS as exc:
+        raise refused(operation, str(exc)) from exc
 
 
 def require_tenseal():
@@ -244,6 +261,10 @@ def rotation_key_switches(step: int, slots: int, has_key: Callable[[int], bool])
 class SealOps:
     """:class:`~polyfhe.fhe.execute.SlotOps` on SEAL ciphertexts; ``level`` counts rescales consumed.
 
+    Where SEAL refuses an evaluation on these values (a client's ciphertexts and keys: a transparent result,
+    parameters or scales that do not match), every operation raises :class:`SealCallError` naming it, on the
+    native path and the bindings' alike.
+
     Plaintext diagonals and biases come from a :class:`~polyfhe.fhe.plaintexts.PlaintextStore` (``plaintext_cache``:
     usually the program's, shared by its servers; a private one when ``None``; ``max_cache_bytes``: its budget,
     ``None`` for the store's own). ``counts`` are cumulative; see :data:`COUNTERS`.
@@ -286,7 +307,7 @@ class SealOps:
         if self.level(ct) >= level:
             return ct
         out = self.seal.sa.Ciphertext()
-        self.ev.mod_switch_to(ct, self.seal.parms_id_at(level), out)
+        _bound("level switch", self.ev.mod_switch_to, ct, self.seal.parms_id_at(level), out)
         return out
 
     def rotate(self, ct, step: int):
@@ -311,7 +332,7 @@ class SealOps:
         out = None if self.native is None else self.native.rotate(ct, step, self.galois_keys, keyed)
         if out is None:
             out = self.seal.sa.Ciphertext()
-            self.ev.rotate_vector(ct, step, self.galois_keys, out)
+            _bound(f"rotation by {step}", self.ev.rotate_vector, ct, step, self.galois_keys, out)
         return out
 
     def _multiply_plain(self, ct, pt):
@@ -319,7 +340,7 @@ class SealOps:
         out = None if self.native is None else self.native.multiply_plain(ct, pt)
         if out is None:
             out = self.seal.sa.Ciphertext()
-            self.ev.multiply_plain(ct, pt, out)
+            _bound("plaintext product", self.ev.multiply_plain, ct, pt, out)
         return out
 
     def _naf_switches(self, step: int) -> int:
@@ -350,7 +371,7 @@ class SealOps:
         def encode():
             nonlocal encoded
             encoded = True
-            return self.seal.encode(vec, parms_id, scale)
+            return _bound("plaintext encoding", self.seal.encode, vec, parms_id, scale)  # scale: from the ciphertext
 
         with self.store.lease(key.encoded_at(parms_id, scale), encode) as pt:
             yield pt
@@ -360,7 +381,7 @@ class SealOps:
         with self._lock:
             self.counts["encodes"] += 1
             self.counts["scalar_encodes"] += 1
-        return self.seal.encode(float(value), parms_id, scale)
+        return _bound("plaintext encoding", self.seal.encode, float(value), parms_id, scale)
 
     def mul_vector(self, ct, vec, key):
         with self._plaintext(key, vec, ct.parms_id(), self._target_scale(ct)) as pt:
@@ -399,30 +420,31 @@ class SealOps:
         if a is None:
             return b
         if self.native is None or not self.native.add_inplace(a, b):
-            self.ev.add_inplace(a, b)
+            _bound("addition", self.ev.add_inplace, a, b)
         return a
 
     def add_vector(self, ct, vec, key):
         with self._plaintext(key, vec, ct.parms_id(), ct.scale) as pt:
-            self.ev.add_plain_inplace(ct, pt)
+            _bound("plaintext addition", self.ev.add_plain_inplace, ct, pt)
         return ct
 
     def add_scalar(self, ct, value):
-        self.ev.add_plain_inplace(ct, self._encode_scalar(value, ct.parms_id(), ct.scale))
+        _bound("plaintext addition", self.ev.add_plain_inplace, ct,
+               self._encode_scalar(value, ct.parms_id(), ct.scale))
         return ct
 
     def rescale(self, ct):
-        self.ev.rescale_to_next_inplace(ct)
+        _bound("rescale", self.ev.rescale_to_next_inplace, ct)
         self._count("rescales")
         return ct
 
     def multiply(self, a, b):
         out = self.seal.sa.Ciphertext()
-        self.ev.multiply(a, b, out)
+        _bound("product", self.ev.multiply, a, b, out)
         self._count("products")
         return out
 
     def relin_rescale(self, ct):
-        self.ev.relinearize_inplace(ct, self.relin_keys)
+        _bound("relinearisation", self.ev.relinearize_inplace, ct, self.relin_keys)
         self._count("key_switches")
         return self.rescale(ct)

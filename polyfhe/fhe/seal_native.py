@@ -23,12 +23,28 @@ What this relies on, and how it is kept safe:
   and the caller destroys afterwards. A fresh empty ``seal::Ciphertext`` holds a handle to SEAL's global pool as
   the first member of its data array (:data:`POOL_HANDLE_OFFSET`); that member serves as the temporary and
   dropping the ciphertext destroys it, so the pool's reference count stays balanced (the self-test checks it).
-* **No C++ exception may cross ctypes** (it would abort the process), so every call first checks in Python
-  what SEAL would check (parameters, NTT form, scales, a Galois key of the step's own) and returns ``None``
-  when anything is off; the caller then takes the bindings' path, which raises a Python error as before.
-  One check is left out on purpose: SEAL's public ``multiply_plain`` refuses an all-zero plaintext (its result
-  would be a transparent ciphertext), and scanning every plaintext for that would cost a tenth of the product.
-  Compiled programs hold no all-zero diagonal and no zero weight (the planner keeps non-zero entries only).
+* **No C++ exception may cross ctypes** (it would reach ``std::terminate`` and abort the process, a server with
+  every client's session). SEAL is never called directly: every call goes through a wrapper of polyfhe's own
+  (``polyfhe/fhe/_seal_shim.cpp``, C++ built with the package and linked against the same shared libstdc++ as
+  SEAL) that takes the SEAL function's address and its arguments, calls it inside ``try``/``catch`` and returns
+  a status with SEAL's message; :class:`NativeSeal` raises :class:`SealCallError` (``std::bad_alloc``:
+  ``MemoryError``) and logs it. Values an attacker controls can make SEAL refuse an operation that passed every
+  check Python can make cheaply (Galois keys whose random component is zero make every rotation's result
+  "transparent"), so catching is the guarantee; the self-test makes SEAL refuse a call through the shim and
+  requires the refusal back as a caught ``std::exception`` before the native path is enabled. Without the shim
+  (a build without a C++ compiler) SEAL's functions are not called natively at all. :class:`SealOps
+  <polyfhe.fhe.seal_backend.SealOps>` raises :class:`SealCallError` for the bindings' refusals too, so both
+  paths fail alike. The shim adds about 1.7 us to a call (a SEAL call that returns at once: 2.0 us against
+  0.3 us called directly through ctypes); a rotation at N=16384 with 9 primes took 22.3 ms either way (fastest
+  of 60, shared 2-core machine).
+* **Checks before the call.** Every call first checks in Python what SEAL would check (parameters, NTT form,
+  scales, a Galois key of the step's own) and returns ``None`` when anything is off; the caller then takes the
+  bindings' path, which raises as before. What SEAL checks on a result (a transparent ciphertext: an all-zero
+  second polynomial) is left to SEAL and the shim. Two refusals of SEAL's public ``multiply_plain`` are not
+  made for a native product (``multiply_plain_ntt`` makes neither; scanning would cost a tenth of the
+  product): an all-zero plaintext and a transparent result, so such a product (or a dot kernel's sum) succeeds
+  natively where the bindings refuse it. Compiled programs hold no all-zero diagonal and no zero weight (the
+  planner keeps non-zero entries only), so only a client's forged ciphertext gets there.
 * **Only the TenSEAL build these layouts were read from** (:data:`TESTED_TENSEAL`), and only after a self-test
   on a throwaway ring has matched every kernel byte for byte against the bindings. Any other case, or
   ``POLYFHE_SEAL_NATIVE=0``, keeps the bindings, and the log says why.
@@ -45,8 +61,8 @@ import threading
 
 import numpy as np
 
-__all__ = ["NATIVE_ENV", "TESTED_TENSEAL", "NativeSeal", "cpp_address", "dot_available", "native_available",
-           "native_kernels"]
+__all__ = ["NATIVE_ENV", "TESTED_TENSEAL", "NativeSeal", "SealCallError", "cpp_address", "dot_available",
+           "native_available", "native_kernels", "refused"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +86,31 @@ CT_DATA_OFFSET = POOL_HANDLE_OFFSET  # seal::Ciphertext's DynArray (above)
 PT_DATA_OFFSET = 48  # seal::Plaintext: parms_id (32), coeff_count (8), scale (8), then its DynArray
 
 _VOID = ctypes.c_void_p
+MESSAGE_BYTES = 512  # the shim's buffer for SEAL's message (truncated there, never overrun)
+# the shim's wrapper of each SEAL function (polyfhe/fhe/_seal_shim.cpp), its arguments after the function's address
+SHIM = {
+    "assign": ("polyfhe_seal_assign", [_VOID, _VOID]),
+    "multiply_plain_ntt": ("polyfhe_seal_multiply_plain_ntt", [_VOID, _VOID, _VOID]),
+    "add_inplace": ("polyfhe_seal_add_inplace", [_VOID, _VOID, _VOID]),
+    "rotate_internal": ("polyfhe_seal_rotate_internal", [_VOID, _VOID, ctypes.c_int, _VOID, _VOID]),
+}
+_CAUGHT, _FOREIGN, _BAD_ALLOC = 1, 2, 3  # the shim's statuses after a C++ exception (0: done)
+
+
+class SealCallError(RuntimeError):
+    """SEAL refused an operation on these values (which may be a client's: keys, ciphertexts). Raised alike by
+    the native path (SEAL's C++ exception, caught by the shim) and by :class:`~polyfhe.fhe.seal_backend.SealOps`
+    on the bindings' path. ``operation``: what was refused; ``reason``: SEAL's message."""
+
+    def __init__(self, operation: str, reason: str) -> None:
+        super().__init__(f"SEAL refused {operation}: {reason}")
+        self.operation, self.reason = operation, reason
+
+
+def refused(operation: str, reason: str) -> SealCallError:
+    """The :class:`SealCallError` for ``operation``, logged at WARNING (SEAL's message only, never any data)."""
+    log.warning("SEAL refused %s: %s", operation, reason)
+    return SealCallError(operation, reason)
 
 
 def cpp_address(obj) -> int:
@@ -92,17 +133,22 @@ def _data(obj, offset: int, expected: int) -> int | None:
 
 class NativeSeal:
     """The kernels for one :class:`~polyfhe.fhe.seal_backend.SealContext`; each returns ``None`` (nothing done)
-    when its preconditions do not hold, and the caller uses the bindings instead. ``kernels``: polyfhe's own
-    library (``_kernels.c``), or ``None`` where it is absent (``dot`` then always declines)."""
+    when its preconditions do not hold, and the caller uses the bindings instead; where SEAL refuses a call all
+    the same it raises :class:`SealCallError`. ``library``: TenSEAL's extension (SEAL's functions);
+    ``kernels``: polyfhe's own library (``_kernels.c``), or ``None`` where it is absent (``dot`` then always
+    declines); ``shim``: the exception-safe wrappers (``_seal_shim.cpp``), opened here when not given (without
+    them the constructor raises ImportError: SEAL is never called natively without them)."""
 
-    def __init__(self, library: ctypes.CDLL, seal, kernels: ctypes.CDLL | None = None) -> None:
+    def __init__(self, library: ctypes.CDLL, seal, kernels: ctypes.CDLL | None = None,
+                 shim: ctypes.CDLL | None = None) -> None:
         self.seal = seal
         self.sa = seal.sa
+        shim = _open_shim() if shim is None else shim
         self._evaluator = cpp_address(seal.evaluator)
-        self._assign = self._bind(library, "assign", [_VOID, _VOID], _VOID)
-        self._multiply = self._bind(library, "multiply_plain_ntt", [_VOID, _VOID, _VOID])
-        self._add = self._bind(library, "add_inplace", [_VOID, _VOID, _VOID])
-        self._rotate = self._bind(library, "rotate_internal", [_VOID, _VOID, ctypes.c_int, _VOID, _VOID])
+        self._assign = _Guarded(library, shim, "assign")
+        self._multiply = _Guarded(library, shim, "multiply_plain_ntt")
+        self._add = _Guarded(library, shim, "add_inplace")
+        self._rotate = _Guarded(library, shim, "rotate_internal")
         self._bits: dict[tuple, int] = {}  # parms_id -> bits of the modulus at that level (SEAL's scale bound)
         self._moduli: dict[tuple, tuple] = {}  # parms_id -> (primes, their values, floor(2^128 / q) words)
         data = seal.context.first_context_data()
@@ -118,15 +164,9 @@ class NativeSeal:
             self._dot.restype = ctypes.c_int
             self.dot_terms = int(kernels.polyfhe_dot_max_terms())
 
-    @staticmethod
-    def _bind(library: ctypes.CDLL, name: str, argtypes: list, restype=None):
-        fn = getattr(library, SYMBOLS[name])
-        fn.argtypes, fn.restype = argtypes, restype
-        return fn
-
     def copy(self, ct):
         out = self.sa.Ciphertext()
-        self._assign(cpp_address(out), cpp_address(ct))
+        self._assign("ciphertext copy", cpp_address(out), cpp_address(ct))
         return out
 
     def multiply_plain(self, ct, pt):
@@ -138,7 +178,7 @@ class NativeSeal:
                 or not 0.0 < scale or int(math.log2(scale)) >= bits):
             return None
         out = self.copy(ct)
-        self._multiply(self._evaluator, cpp_address(out), cpp_address(pt))
+        self._multiply("plaintext product", self._evaluator, cpp_address(out), cpp_address(pt))
         return out
 
     def dot(self, cts: list, pts: list):
@@ -175,11 +215,12 @@ class NativeSeal:
         return out
 
     def add_inplace(self, a, b) -> bool:
-        """``a += b``; False (nothing done) when SEAL would refuse the pair."""
+        """``a += b``; False (nothing done) when SEAL would refuse the pair. Where SEAL refuses the sum itself (a
+        transparent result) :class:`SealCallError` is raised and ``a`` may hold the sum, as with the bindings."""
         if (tuple(a.parms_id()) != tuple(b.parms_id()) or tuple(a.parms_id()) not in self._bits
                 or a.is_ntt_form() != b.is_ntt_form() or not _same_scale(a.scale, b.scale)):
             return False
-        self._add(self._evaluator, cpp_address(a), cpp_address(b))
+        self._add("addition", self._evaluator, cpp_address(a), cpp_address(b))
         return True
 
     def rotate(self, ct, step: int, galois_keys, has_key: bool):
@@ -189,10 +230,40 @@ class NativeSeal:
             return None
         out = self.copy(ct)
         donor = self.sa.Ciphertext()  # its pool handle is the by-value argument (module docstring)
-        self._rotate(self._evaluator, cpp_address(out), int(step), cpp_address(galois_keys),
-                     cpp_address(donor) + POOL_HANDLE_OFFSET)
-        del donor
+        try:
+            self._rotate(f"rotation by {int(step)}", self._evaluator, cpp_address(out), int(step),
+                         cpp_address(galois_keys), cpp_address(donor) + POOL_HANDLE_OFFSET)
+        finally:
+            del donor  # the callee does not destroy a by-value argument, thrown or not: the donor does
         return out
+
+
+class _Guarded:
+    """One SEAL function called through its shim wrapper: ``(operation, *arguments)``; a caught C++ exception
+    becomes :class:`SealCallError` (``std::bad_alloc``: MemoryError)."""
+
+    def __init__(self, library: ctypes.CDLL, shim: ctypes.CDLL, name: str) -> None:
+        wrapper, argtypes = SHIM[name]
+        self.address = ctypes.cast(getattr(library, SYMBOLS[name]), _VOID).value
+        self.call = getattr(shim, wrapper)
+        self.call.argtypes = [_VOID, *argtypes, ctypes.c_char_p, ctypes.c_size_t]
+        self.call.restype = ctypes.c_int
+
+    def status(self, *arguments) -> tuple[int, str]:
+        """The shim's status (0: done) and SEAL's message."""
+        message = ctypes.create_string_buffer(MESSAGE_BYTES)
+        status = self.call(self.address, *arguments, message, MESSAGE_BYTES)
+        return status, (message.value.decode("utf-8", "replace") if status else "")
+
+    def __call__(self, operation: str, *arguments) -> None:
+        status, reason = self.status(*arguments)
+        if status == 0:
+            return
+        if status == _BAD_ALLOC:
+            raise MemoryError(f"SEAL ran out of memory in {operation}: {reason}")
+        if status not in (_CAUGHT, _FOREIGN):
+            reason = f"unknown status {status} from the shim"
+        raise refused(operation, reason)
 
 
 def _moduli(coeff_modulus) -> tuple:
@@ -209,8 +280,20 @@ _STATE: dict[str, object] = {}
 _STATE_LOCK = threading.Lock()
 
 
+def _open_shim() -> ctypes.CDLL:
+    """The shim's library (``_seal_shim.cpp``) opened for ctypes; ImportError where the package was built
+    without it (no C++ compiler)."""
+    try:
+        from polyfhe.fhe import _seal_shim as module
+    except ImportError as exc:
+        raise ImportError(f"{exc} (the package was built without polyfhe/fhe/_seal_shim.cpp, which every native "
+                          "SEAL call needs: reinstall it where a C++ compiler is present, pip install -e .)") from exc
+    return ctypes.CDLL(module.__file__)
+
+
 def _library() -> ctypes.CDLL | None:
-    """TenSEAL's extension opened for ctypes, once per process after the self-test; None when off (logged)."""
+    """TenSEAL's extension opened for ctypes, once per process after the self-test; None when off (logged).
+    Any failure of the checks or the self-test turns the native path off for the process (it is not retried)."""
     with _STATE_LOCK:
         if "library" in _STATE:
             return _STATE["library"]  # type: ignore[return-value]
@@ -227,11 +310,14 @@ def _library() -> ctypes.CDLL | None:
             else:
                 import _sealapi_cpp
 
+                shim = _open_shim()  # before anything of SEAL's is called natively
                 library = ctypes.CDLL(_sealapi_cpp.__file__)
-                mismatch = self_test(library)
+                mismatch = self_test(library, shim)
                 if mismatch:
                     library, reason = None, f"self-test failed: {mismatch}"
-        except (ImportError, OSError, AttributeError) as exc:
+                else:
+                    _STATE["shim"] = shim
+        except Exception as exc:  # noqa: BLE001 - whatever fails, the bindings remain: remember it and go on
             library, reason = None, f"{type(exc).__name__}: {exc}"
         if library is None:
             log.info("SEAL kernels stay on TenSEAL's bindings (one core per evaluation): %s", reason)
@@ -256,12 +342,14 @@ def _kernels() -> ctypes.CDLL | None:
                 from polyfhe.fhe import _kernels as module
 
                 kernels = ctypes.CDLL(module.__file__)
-                mismatch = dot_self_test(library, kernels)
+                mismatch = dot_self_test(library, kernels, _STATE.get("shim"))
                 if mismatch:
                     kernels, reason = None, f"self-test failed: {mismatch}"
-            except (ImportError, OSError, AttributeError) as exc:
+            except ImportError as exc:
                 kernels, reason = None, (f"{type(exc).__name__}: {exc} (the package was built without its C "
                                          "kernels: reinstall it where a C compiler is present, pip install -e .)")
+            except Exception as exc:  # noqa: BLE001 - whatever fails, products stay on SEAL's: remember it
+                kernels, reason = None, f"{type(exc).__name__}: {exc}"
         if kernels is None:
             log.info("plaintext products stay on SEAL's multiply_plain and add: %s", reason)
         _STATE["kernels"] = kernels
@@ -281,7 +369,7 @@ def dot_available() -> bool:
 def native_kernels(seal) -> NativeSeal | None:
     """:class:`NativeSeal` for ``seal`` (a SealContext), or None where the native path is off."""
     library = _library()
-    return None if library is None else NativeSeal(library, seal, _kernels())
+    return None if library is None else NativeSeal(library, seal, _kernels(), _STATE["shim"])
 
 
 def residues(obj, offset: int, count: int) -> np.ndarray:
@@ -326,8 +414,10 @@ def bound_dot(seal, cts: list, pts: list):
     return total
 
 
-def self_test(library: ctypes.CDLL) -> str | None:
-    """Run every kernel on a throwaway insecure ring against the bindings; the first difference, or None."""
+def self_test(library: ctypes.CDLL, shim: ctypes.CDLL | None = None) -> str | None:
+    """Run every kernel on a throwaway insecure ring against the bindings, and make SEAL refuse a call through
+    the shim (it must come back as a caught ``std::exception`` with SEAL's message); the first difference, or
+    None."""
     from polyfhe.fhe.params import CKKSParams
 
     seal, keygen, public = _throwaway_ring(
@@ -342,7 +432,10 @@ def self_test(library: ctypes.CDLL) -> str | None:
     sa.Encryptor(seal.context, public).encrypt(seal.encode(rng.uniform(-1, 1, seal.slots), seal.parms_id_at(0),
                                                            2.0**30), ct)
     pt = seal.encode(rng.uniform(-1, 1, seal.slots), ct.parms_id(), 2.0**30)
-    native = NativeSeal(library, seal)
+    native = NativeSeal(library, seal, shim=shim)
+    refusal = _refusal(native, seal, ct)
+    if refusal:
+        return refusal
 
     def same(a, b) -> bool:
         return seal.dump(a) == seal.dump(b) and a.scale == b.scale
@@ -380,7 +473,19 @@ def self_test(library: ctypes.CDLL) -> str | None:
 
 
 
-def dot_self_test(library: ctypes.CDLL, kernels: ctypes.CDLL) -> str | None:
+def _refusal(native: NativeSeal, seal, ct) -> str | None:
+    """A product with a plaintext of another level, past the Python checks: SEAL's ``multiply_plain_ntt``
+    throws ``invalid_argument`` before touching anything, and the shim must report it as SealCallError."""
+    other = seal.encode(1.0, seal.parms_id_at(1), 2.0**30)
+    out = native.copy(ct)
+    status, reason = native._multiply.status(native._evaluator, cpp_address(out), cpp_address(other))
+    if status != _CAUGHT or "mismatch" not in reason:
+        return (f"a call SEAL refuses came back as status {status} ({reason!r}), not as a caught std::exception "
+                "with SEAL's message")
+    return None
+
+
+def dot_self_test(library: ctypes.CDLL, kernels: ctypes.CDLL, shim: ctypes.CDLL | None = None) -> str | None:
     """The dot kernel against ``multiply_plain`` and ``add_inplace`` of the bindings, byte for byte, on a
     throwaway ring at two levels with a 60-bit prime (the largest products) and the most terms a call takes."""
     from polyfhe.fhe.params import CKKSParams
@@ -389,7 +494,7 @@ def dot_self_test(library: ctypes.CDLL, kernels: ctypes.CDLL) -> str | None:
         CKKSParams(poly_modulus_degree=2048, coeff_mod_bits=(60, 30, 60), scale_bits=30, security="none"))
     sa = seal.sa
     encryptor = sa.Encryptor(seal.context, public)
-    native = NativeSeal(library, seal, kernels)
+    native = NativeSeal(library, seal, kernels, shim)
     rng = np.random.default_rng(1)
     for level, terms in ((0, native.dot_terms), (1, 3)):
         parms_id = seal.parms_id_at(level)

@@ -3,10 +3,14 @@ refused preconditions fall back, and a server computes the same bytes either way
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import logging
 import os
+import shutil
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -14,6 +18,7 @@ import torch
 from torch import nn
 
 import polyfhe
+from polyfhe.fhe import seal_native
 from polyfhe.fhe.params import CKKSParams
 from polyfhe.fhe.plaintexts import PlaintextKey
 from polyfhe.fhe.program import CKKSProgram
@@ -21,10 +26,12 @@ from polyfhe.fhe.seal_backend import SealContext, SealOps
 from polyfhe.fhe.seal_native import (
     CT_DATA_OFFSET,
     NATIVE_ENV,
+    SealCallError,
     _kernels,
     _largest_residues,
     _library,
     bound_dot,
+    cpp_address,
     dot_available,
     dot_self_test,
     native_kernels,
@@ -74,6 +81,7 @@ def test_every_kernel_matches_the_bindings_byte_for_byte(ring, level):
     else:
         ev.add(fresh, fresh, ct)
     pt = seal.encode(np.linspace(-1, 1, seal.slots), ct.parms_id(), seal.params.scale)
+    before = seal.dump(ct), ct.scale
 
     assert _same(seal, native.copy(ct), ct)
     want = sa.Ciphertext()
@@ -87,7 +95,7 @@ def test_every_kernel_matches_the_bindings_byte_for_byte(ring, level):
         want = sa.Ciphertext()
         ev.rotate_vector(ct, step, galois, want)
         assert _same(seal, native.rotate(ct, step, galois, has_key=True), want)
-    assert _same(seal, ct, ct)  # inputs untouched: every kernel writes a copy
+    assert (seal.dump(ct), ct.scale) == before  # inputs untouched: every kernel writes a copy
 
 
 def test_what_seal_would_refuse_is_left_to_the_bindings(ring):
@@ -232,3 +240,235 @@ def test_the_environment_switch_turns_the_native_path_off():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, NATIVE_ENV: "0"}).stdout
     assert "library None" in out and f"{NATIVE_ENV}=0" in out
+
+
+# ---- SEAL's refusals: caught by the shim (polyfhe/fhe/_seal_shim.cpp), never an abort -------------------------------
+
+SMALL = CKKSParams(4096, (40, 30, 40), 30, security="none")
+CT_SIZE_OFFSET = 40  # seal::Ciphertext: parms_id (32), is_ntt_form + padding (8), then its size
+
+
+def _zero_random_components(seal, galois) -> None:
+    """Every Galois key's second polynomial (its uniformly random part) set to zero, in place: every key switch
+    with these keys yields a transparent result, which SEAL refuses (as a client's forged keys would make it)."""
+    primes = len(seal.context.key_context_data().parms().coeff_modulus())
+    count = primes * seal.params.poly_modulus_degree
+    for row in galois.data():  # references into the key set, not copies
+        for key in row:
+            residues(key.data(), CT_DATA_OFFSET, 2 * count)[count:] = 0
+
+
+@pytest.fixture(scope="module")
+def forged():
+    """(seal, Galois keys for step 1 with zero random components, a ciphertext whose residues are all zero but
+    one in its second polynomial, a genuine ciphertext) on a small insecure ring."""
+    seal = SealContext(SMALL)
+    sa = seal.sa
+    keygen = sa.KeyGenerator(seal.context)
+    public = sa.PublicKey()
+    keygen.create_public_key(public)
+    galois = sa.GaloisKeys()
+    keygen.create_galois_keys([seal.context.key_context_data().galois_tool().get_elt_from_step(1)], galois)
+    _zero_random_components(seal, galois)
+    genuine = _encrypted(seal, public, 0, np.random.default_rng(7))
+    ct = _encrypted(seal, public, 0, np.random.default_rng(8))
+    n, primes = seal.params.poly_modulus_degree, len(seal.context.first_context_data().parms().coeff_modulus())
+    data = residues(ct, CT_DATA_OFFSET, 2 * n * primes)
+    data[:] = 0
+    data[primes * n + 5] = 1
+    return seal, galois, ct, genuine
+
+
+def test_a_rotation_seal_refuses_raises_instead_of_aborting(forged, caplog):
+    seal, galois, ct, genuine = forged
+    native = native_kernels(seal)
+    assert native is not None
+    before = seal.dump(ct)
+    for target in (ct, genuine):
+        with caplog.at_level(logging.WARNING, logger="polyfhe.fhe.seal_native"), \
+                pytest.raises(SealCallError, match="rotation by 1: result ciphertext is transparent") as info:
+            native.rotate(target, 1, galois, has_key=True)
+        assert info.value.operation == "rotation by 1" and "transparent" in info.value.reason
+    assert seal.dump(ct) == before  # the input is untouched: the refused rotation ran on a copy
+    assert any(r.levelno == logging.WARNING and "rotation by 1" in r.getMessage() for r in caplog.records)
+
+
+def test_both_paths_raise_the_same_error_where_seal_refuses_a_rotation(forged):
+    seal, galois, ct, _ = forged
+    for native in (True, False):
+        ops = SealOps(seal, None, galois)
+        assert ops.native is not None
+        if not native:
+            ops.native = None  # TenSEAL's bindings, which raise RuntimeError: SealOps makes it SealCallError
+        with pytest.raises(SealCallError, match="rotation by 1.*transparent"):
+            ops.rotate(ct, 1)
+
+
+ATTACK = textwrap.dedent("""
+    import numpy as np
+    from polyfhe.fhe.params import CKKSParams
+    from polyfhe.fhe.seal_backend import SealContext, SealOps
+    from polyfhe.fhe.seal_native import CT_DATA_OFFSET, SealCallError, residues
+
+    seal = SealContext(CKKSParams(4096, (40, 30, 40), 30, security="none"))
+    sa, n = seal.sa, 4096
+    keygen = sa.KeyGenerator(seal.context)
+    galois = sa.GaloisKeys()
+    keygen.create_galois_keys([seal.context.key_context_data().galois_tool().get_elt_from_step(1)], galois)
+    for row in galois.data():
+        for key in row:
+            residues(key.data(), CT_DATA_OFFSET, 2 * 3 * n)[3 * n:] = 0
+    ct = sa.Ciphertext()
+    public = sa.PublicKey()
+    keygen.create_public_key(public)
+    sa.Encryptor(seal.context, public).encrypt(seal.encode(np.ones(4), seal.parms_id_at(0), 2.0**30), ct)
+    data = residues(ct, CT_DATA_OFFSET, 2 * 2 * n)
+    data[:] = 0
+    data[2 * n + 5] = 1
+    ops = SealOps(seal, None, galois)
+    assert ops.native is not None, "the native path is off"
+    try:
+        ops.rotate(ct, 1)
+    except SealCallError as exc:
+        print("refused:", exc)
+    else:
+        raise SystemExit("SEAL did not refuse the rotation")
+""")
+
+
+def test_the_attack_does_not_abort_the_process():
+    """Run where an abort (SIGABRT from a C++ exception crossing ctypes) fails the test instead of pytest."""
+    done = subprocess.run([sys.executable, "-c", ATTACK], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "refused: SEAL refused rotation by 1: result ciphertext is transparent" in done.stdout
+
+
+def test_the_shim_catches_what_each_seal_function_throws(forged):
+    """Each of the four wrappers, past the Python checks, on values SEAL refuses: the refusal comes back with
+    SEAL's own message (a caught std::exception, not the shim's catch-all) and the process goes on."""
+    seal, galois, _, ct = forged
+    sa, ev = seal.sa, seal.evaluator
+    native = native_kernels(seal)
+    # Ciphertext::operator= of a source whose size field says 1 (SEAL's minimum is 2)
+    broken = native.copy(ct)
+    size = ctypes.c_size_t.from_address(cpp_address(broken) + CT_SIZE_OFFSET)
+    assert size.value == broken.size() == 2
+    size.value = 1
+    try:
+        with pytest.raises(SealCallError, match="ciphertext copy: invalid size"):
+            native.copy(broken)
+    finally:
+        size.value = 2
+    # multiply_plain_ntt with a plaintext of another level (NativeSeal.multiply_plain would decline it)
+    other = seal.encode(1.0, seal.parms_id_at(1), 2.0**30)
+    out = native.copy(ct)
+    with pytest.raises(SealCallError, match="plaintext product: .*mismatch"):
+        native._multiply("plaintext product", native._evaluator, cpp_address(out), cpp_address(other))
+    # add_inplace of a ciphertext and its negation: a transparent sum
+    negated = sa.Ciphertext()
+    ev.negate(ct, negated)
+    with pytest.raises(SealCallError, match="addition: result ciphertext is transparent"):
+        native.add_inplace(native.copy(ct), negated)
+    # rotate_internal with keys whose random component is zero
+    with pytest.raises(SealCallError, match="rotation by 1: result ciphertext is transparent"):
+        native.rotate(ct, 1, galois, has_key=True)
+    # and the kernels still work afterwards
+    want = sa.Ciphertext()
+    ev.add(ct, ct, want)
+    got = native.copy(ct)
+    assert native.add_inplace(got, ct) and _same(seal, got, want)
+
+
+def test_the_bindings_refusals_are_seal_call_errors_too(forged):
+    seal, _, _, ct = forged
+    negated = seal.sa.Ciphertext()
+    seal.evaluator.negate(ct, negated)
+    copy = seal.sa.Ciphertext()
+    seal.evaluator.negate(negated, copy)
+    ops = SealOps(seal, None)
+    ops.native = None
+    with pytest.raises(SealCallError, match="addition: result ciphertext is transparent") as info:
+        ops.add(copy, negated)
+    assert isinstance(info.value.__cause__, RuntimeError)  # TenSEAL's own error, kept as the cause
+    with pytest.raises(SealCallError, match="addition: .*mismatch"):
+        ops.add(negated, ops.drop_to(ct, 1))  # levels differ
+
+
+def test_memory_errors_pass_through_unwrapped():
+    from polyfhe.fhe.seal_backend import _bound
+
+    def exhausted():
+        raise MemoryError("std::bad_alloc")
+
+    with pytest.raises(MemoryError):
+        _bound("product", exhausted)
+
+
+def test_the_shim_shares_seals_libstdcxx():
+    """The catch of std::exception matches SEAL's throws only with one libstdc++: both link the shared one."""
+    import _sealapi_cpp
+
+    from polyfhe.fhe import _seal_shim
+
+    if shutil.which("ldd") is None:
+        pytest.skip("no ldd")
+
+    def libstdcxx(path):
+        lines = subprocess.run(["ldd", path], capture_output=True, text=True, check=True).stdout.splitlines()
+        return [line.split("=>")[1].split("(")[0].strip() for line in lines if "libstdc++" in line]
+
+    shim = libstdcxx(_seal_shim.__file__)
+    assert shim and shim == libstdcxx(_sealapi_cpp.__file__)
+
+
+def test_without_the_shim_seal_is_never_called_natively(monkeypatch, caplog):
+    def absent():
+        raise ImportError("No module named 'polyfhe.fhe._seal_shim'")
+
+    monkeypatch.setattr(seal_native, "_STATE", {})
+    monkeypatch.setattr(seal_native, "_open_shim", absent)
+    monkeypatch.setenv(NATIVE_ENV, "1")
+    with caplog.at_level(logging.INFO, logger="polyfhe.fhe.seal_native"):
+        assert _library() is None
+        assert native_kernels(SealContext(SMALL)) is None
+    assert any("_seal_shim" in r.getMessage() for r in caplog.records)
+
+
+def test_a_self_test_that_fails_is_remembered_not_retried(monkeypatch, caplog):
+    calls = []
+
+    def broken(*args):
+        calls.append(args)
+        raise RuntimeError("something unexpected")
+
+    monkeypatch.setattr(seal_native, "_STATE", {})
+    monkeypatch.setattr(seal_native, "self_test", broken)
+    monkeypatch.setenv(NATIVE_ENV, "1")
+    seal = SealContext(SMALL)
+    with caplog.at_level(logging.INFO, logger="polyfhe.fhe.seal_native"):
+        assert native_kernels(seal) is None
+        assert SealOps(seal, None).native is None
+        assert native_kernels(seal) is None and not seal_native.native_available()
+    assert len(calls) == 1
+    assert any("RuntimeError: something unexpected" in r.getMessage() for r in caplog.records)
+
+
+def test_a_dot_self_test_that_fails_is_remembered_not_retried(monkeypatch, caplog):
+    calls = []
+
+    def broken(*args):
+        calls.append(args)
+        raise RuntimeError("something unexpected")
+
+    library, shim = _library(), seal_native._STATE.get("shim")
+    assert library is not None and shim is not None
+    monkeypatch.setattr(seal_native, "_STATE", {"library": library, "shim": shim})
+    monkeypatch.setattr(seal_native, "dot_self_test", broken)
+    seal = SealContext(SMALL)
+    with caplog.at_level(logging.INFO, logger="polyfhe.fhe.seal_native"):
+        first, second = native_kernels(seal), SealOps(seal, None).native
+        assert not dot_available()
+    assert len(calls) == 1
+    for native in (first, second):  # SEAL's functions still native, products on SEAL's own
+        assert native is not None and native._dot is None and native.dot_terms == 0
+    assert any("RuntimeError: something unexpected" in r.getMessage() for r in caplog.records)
