@@ -81,6 +81,25 @@ def add_parser(subparsers: Any) -> None:
                         "what later ones do (cpolynext_fhe_bn at 28x28: 45 s and 12 GB at startup)")
     add_threads_argument(p)
     p.add_argument("--access-log", action="store_true", help="also print uvicorn's access log (it shows session ids)")
+    p.add_argument("--isolation", choices=("process", "thread"), default=d.isolation,
+                   help="where sessions' keys live and evaluations run: 'process' (default) in worker processes, "
+                        "so a crash or an out-of-memory kill costs only that worker's sessions; 'thread' in this "
+                        "process (no copy of the bytes, no isolation)")
+    p.add_argument("--worker-processes", type=positive_int, default=d.worker_processes, metavar="N",
+                   help=f"worker processes with --isolation process (default {d.worker_processes}); each loads "
+                        "the programs and gets its share of the plaintext cache")
+    p.add_argument("--worker-memory-mb", type=positive_float, default=None, metavar="MB",
+                   help="address space each worker process may add after loading the programs (RLIMIT_AS); a "
+                        "request past it fails with 507 in that worker alone (default: no limit)")
+    p.add_argument("--auth-token-file", type=Path, default=None, metavar="FILE",
+                   help="bearer tokens, one per line (at least 16 characters each): opening and using sessions "
+                        "then needs 'Authorization: Bearer TOKEN', and a session answers only its own token")
+    p.add_argument("--ssl-certfile", type=Path, default=None, metavar="PEM",
+                   help="serve HTTPS with this certificate (chain) file; needs --ssl-keyfile")
+    p.add_argument("--ssl-keyfile", type=Path, default=None, metavar="PEM", help="the certificate's private key")
+    p.add_argument("--allow-insecure", action="store_true",
+                   help="serve programs whose CKKS parameters are below 128-bit security (security='none'; "
+                        "tests and experiments only)")
     p.add_argument("--test-eval-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: a slow model
     p.set_defaults(func=run)
 
@@ -93,7 +112,30 @@ def config_from_args(args: argparse.Namespace) -> Any:
         max_ciphertext_bytes=int(args.max_ciphertext_mb * MIB), session_ttl_s=args.session_ttl,
         max_sessions=args.max_sessions, key_budget_bytes=int(args.key_budget_mb * MIB),
         request_timeout_s=args.request_timeout, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
-        eval_delay_s=args.test_eval_delay)
+        eval_delay_s=args.test_eval_delay, isolation=args.isolation, worker_processes=args.worker_processes,
+        worker_memory_headroom_bytes=None if args.worker_memory_mb is None else int(args.worker_memory_mb * MIB),
+        auth_token_file=args.auth_token_file)
+
+
+def tls_options(args: argparse.Namespace) -> dict:
+    """uvicorn's certificate options, checked: both files or neither, each readable."""
+    cert, key = args.ssl_certfile, args.ssl_keyfile
+    if (cert is None) != (key is None):
+        raise ValueError("HTTPS needs both --ssl-certfile and --ssl-keyfile")
+    if cert is None:
+        return {}
+    for flag, path in (("--ssl-certfile", cert), ("--ssl-keyfile", key)):
+        if not path.is_file():
+            raise ValueError(f"{flag} {path}: no such file")
+    return {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+
+
+def insecure_models(registry: Any) -> list[str]:
+    """The served CKKS models whose parameters are below 128-bit security."""
+    from polyfhe.fhe.params import security_bits_ok
+
+    return [name for name, model in sorted(registry.models.items()) if model.program.scheme == "ckks"
+            and (model.program.params.security != "tc128" or not security_bits_ok(model.program.params))]
 
 
 def _warm(registry: Any) -> None:
@@ -119,22 +161,38 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"error: the server needs the serve extra: pip install 'polyfhe[serve]' ({exc})", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from polyfhe.serve.auth import TokenFileError
+    from polyfhe.serve.process_host import WorkerLost
+
     try:
         config = config_from_args(args)
+        tls = tls_options(args)
         registry = Registry(config.programs_dir, plaintext_cache_bytes=None if args.plaintext_cache_mb is None
                             else int(args.plaintext_cache_mb * MIB))
-    except (ValueError, RegistryError) as exc:
+        weak = insecure_models(registry)
+        if weak and not args.allow_insecure:
+            raise ValueError(f"model(s) {weak} use CKKS parameters below 128-bit security (exported with "
+                             "security='none'); a server would hand clients keys that protect nothing. Export "
+                             "them with the default parameters, or pass --allow-insecure for a test server")
+        if args.warm and config.isolation == "thread":
+            _warm(registry)
+        app = create_app(config, registry, warm=args.warm)
+    except (ValueError, RegistryError, TokenFileError, WorkerLost) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.warm:
-        _warm(registry)
-    app = create_app(config, registry)
+    for entry in getattr(app.state.polyfhe.host, "warmed", list)():
+        print(f"warmed {entry['name']}: {entry['encoded']} plaintexts encoded in {entry['seconds']:.1f} s "
+              f"({entry['bytes'] / 1e9:.2f} GB held, in each worker process)", flush=True)
     for name, reason in registry.skipped.items():
         print(f"warning: skipped {name}: {reason}", file=sys.stderr)
-    print(f"serving {len(registry.models)} model(s) {', '.join(registry.names())} on http://{args.host}:{args.port}/ "
-          f"(max {config.max_sessions} sessions, {config.max_concurrency} workers)", flush=True)
+    scheme = "https" if tls else "http"
+    where = (f"{config.worker_processes} worker process(es)" if config.isolation == "process" else "this process")
+    tokens = ", bearer tokens required" if config.auth_token_file else ""
+    print(f"serving {len(registry.models)} model(s) {', '.join(registry.names())} on {scheme}://{args.host}:"
+          f"{args.port}/ (max {config.max_sessions} sessions, {config.max_concurrency} at once, sessions in "
+          f"{where}{tokens})", flush=True)
     level = logging.getLogger().getEffectiveLevel()
     uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=args.access_log,
                 log_level=logging.getLevelName(level).lower(), timeout_graceful_shutdown=5,
-                timeout_keep_alive=KEEP_ALIVE_S)
+                timeout_keep_alive=KEEP_ALIVE_S, **tls)
     return 0

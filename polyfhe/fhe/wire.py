@@ -13,19 +13,36 @@ import mmap
 import struct
 from dataclasses import dataclass
 
-__all__ = ["KIND_CIPHERTEXT", "KIND_CONTEXT", "KIND_SECRET", "Container", "WireError", "pack", "unpack"]
+import numpy as np
+
+__all__ = ["KIND_CIPHERTEXT", "KIND_CONTEXT", "KIND_SECRET", "MAX_HEADER_NESTING", "Container", "WireError",
+           "header_nesting", "pack", "unpack"]
 
 MAGIC = b"PFHE01"
 KIND_CONTEXT = b"P"  # public context: public key, relinearisation keys, Galois keys
 KIND_SECRET = b"S"  # the client's private backup (holds the secret key): never sent to a server
 KIND_CIPHERTEXT = b"C"
 MAX_HEADER = 1 << 20
+MAX_HEADER_NESTING = 16  # polyfhe's own headers nest 3 levels (the sections list)
 ALLOWED_SECTIONS = {
     KIND_CONTEXT: {"public_key", "relin_keys", "galois_keys", "evaluation_keys", "bootstrap_keys"},  # last two: Lattigo
     KIND_SECRET: {"secret_key", "public_key", "relin_keys", "galois_keys"},
     KIND_CIPHERTEXT: None,  # "ct0", "ct1", ... checked against the header's count
 }
 KIND_NAMES = {KIND_CONTEXT: "public context", KIND_SECRET: "secret (private) context", KIND_CIPHERTEXT: "ciphertext"}
+
+
+def header_nesting(raw: bytes) -> int:
+    """An upper bound on the nesting depth of a JSON text (brackets inside strings count too), without parsing:
+    json's recursive decoder would overflow Python's stack on ``[[[[...`` before it could refuse it."""
+    brackets = np.frombuffer(bytes(raw).translate(None, _NOT_BRACKETS), dtype=np.uint8)
+    if not len(brackets):
+        return 0
+    steps = np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1)
+    return int(np.cumsum(steps).max())
+
+
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 class WireError(ValueError):
@@ -74,13 +91,18 @@ def unpack(data: bytes | bytearray | memoryview, expect: bytes, max_bytes: int |
     start = len(MAGIC) + 5
     if size > MAX_HEADER or start + size > len(data):
         raise WireError(f"{what} header length {size} is invalid for {len(data)} bytes (truncated?)")
+    raw = bytes(data[start: start + size])
+    nesting = header_nesting(raw)
+    if nesting > MAX_HEADER_NESTING:
+        raise WireError(f"{what} header nests {nesting} levels deep; a polyfhe header nests at most "
+                        f"{MAX_HEADER_NESTING}")
     try:
-        header = json.loads(bytes(data[start: start + size]))
+        header = json.loads(raw)
         if not isinstance(header, dict):
             raise TypeError(f"a JSON {type(header).__name__}, not an object")
         sections_spec = [(str(n), int(k)) for n, k in header.pop("sections")]
-    except (ValueError, KeyError, TypeError, OverflowError) as exc:
-        raise WireError(f"{what} header is not valid: {exc}") from exc
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
+        raise WireError(f"{what} header is not valid: {type(exc).__name__}: {str(exc)[:200]}") from None
     allowed = ALLOWED_SECTIONS[expect]
     sections: dict[str, memoryview] = {}
     view = data

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,15 +22,17 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from polyfhe.fhe.backends import decoded_context_bytes
-from polyfhe.fhe.seal_backend import SerializationError
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError
+from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES
+from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT
+from polyfhe.serve.auth import TokenAuth
 from polyfhe.serve.bodies import declared_length, read_body
 from polyfhe.serve.config import ServeConfig
 from polyfhe.serve.errors import ApiError
+from polyfhe.serve.hosts import Host, ThreadHost
 from polyfhe.serve.metrics import Metrics, rss_bytes
 from polyfhe.serve.page import index_html
 from polyfhe.serve.registry import Model, Registry
-from polyfhe.serve.sessions import Session, SessionStore
+from polyfhe.serve.sessions import Reservation, Session, SessionStore
 from polyfhe.serve.uploads import check_upload
 from polyfhe.serve.workers import WorkPool
 
@@ -47,34 +50,57 @@ class ServerState:
     sessions: SessionStore
     pool: WorkPool
     metrics: Metrics
+    host: Host
+    auth: TokenAuth | None = None
 
     def stats(self) -> dict:
         current, peak = rss_bytes()
         return {**self.metrics.snapshot(), "sessions": self.sessions.stats(), "workers": self.pool.stats(),
-                "models": self.registry.names(), "rss_bytes": current, "peak_rss_bytes": peak,
-                "limits": self.config.limits()}
+                "host": self.host.stats(), "models": self.registry.names(), "rss_bytes": current,
+                "peak_rss_bytes": peak, "limits": self.config.limits()}
+
+    def owner(self, request: Request) -> str | None:
+        """The request's token fingerprint (401 without a valid one), or None when the server has no tokens."""
+        return None if self.auth is None else self.auth.owner(request.headers.get("authorization"))
 
 
 # ------------------------------------------------------------------------------------------------------------
 # work done on the worker threads
 # ------------------------------------------------------------------------------------------------------------
-def _load_context(config: ServeConfig, model: Model, body: bytes) -> Any:
-    try:
-        return model.program.server(body, max_context_bytes=config.max_context_bytes,
-                                    max_ciphertext_bytes=config.max_ciphertext_bytes)
-    except (WireError, SerializationError) as exc:
-        raise ApiError(400, "bad_context", f"the public context was refused: {exc}") from None
-
-
-def _evaluate(config: ServeConfig, session: Session, body: bytes) -> tuple[bytes, float]:
+def _open_session(state: ServerState, reservation: Reservation, model: Model, body: bytes, key_bytes: int,
+                  owner: str | None) -> tuple[Session, float]:
+    """Load the keys on the host and register the session here, on the worker thread: a session whose request
+    timed out meanwhile is still registered (and expires), never left on a host unknown to the store."""
     t0 = time.perf_counter()
-    if config.eval_delay_s:
-        time.sleep(config.eval_delay_s)
-    try:
-        out = session.server.run(body)
-    except (WireError, SerializationError) as exc:
-        raise ApiError(400, "bad_ciphertext", f"the ciphertext was refused: {exc}") from None
+    session_id = state.sessions.new_id()
+    handle = state.host.open(session_id, model, body)
+    session = state.sessions.add(reservation, model.name, handle, key_bytes, session_id, owner)
+    return session, time.perf_counter() - t0
+
+
+def _evaluate(state: ServerState, session: Session, body: bytes) -> tuple[bytes, float]:
+    t0 = time.perf_counter()
+    if state.config.eval_delay_s:
+        time.sleep(state.config.eval_delay_s)
+    out = state.host.run(session.handle, body)
     return out, time.perf_counter() - t0
+
+
+def make_host(config: ServeConfig, registry: Registry, on_lost, warm: bool = False) -> Host:
+    """The host of ``config.isolation``: worker processes (each with its share of the plaintext budget) or this
+    process."""
+    if config.isolation == "thread":
+        return ThreadHost(config.max_context_bytes, config.max_ciphertext_bytes)
+    from polyfhe.serve.process_host import ProcessHost
+    from polyfhe.serve.worker_main import WorkerSpec
+
+    ckks = sum(1 for m in registry.models.values() if m.program.scheme == "ckks")
+    per_model = registry.plaintext_cache_bytes if registry.plaintext_cache_bytes is not None else \
+        DEFAULT_PLAINTEXT_BYTES // max(1, ckks)
+    spec = WorkerSpec(0, registry.root, per_model // config.worker_processes, config.max_context_bytes,
+                      config.max_ciphertext_bytes, config.max_concurrency, config.worker_memory_headroom_bytes,
+                      logging.getLogger().getEffectiveLevel(), warm)
+    return ProcessHost(spec, config.worker_processes, on_lost)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -109,12 +135,21 @@ def _error_response(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
 
-def create_app(config: ServeConfig, registry: Registry | None = None) -> FastAPI:
+def create_app(config: ServeConfig, registry: Registry | None = None, warm: bool = False) -> FastAPI:
+    """The application, its session host started (worker processes loaded and ready) before it returns;
+    ``warm``: the workers encode their programs' plaintexts first (``--warm``)."""
     registry = registry if registry is not None else Registry(config.programs_dir)
-    state = ServerState(config, registry,
-                        SessionStore(config.session_ttl_s, config.max_sessions, config.key_budget_bytes,
-                                     config.expired_memory),
-                        WorkPool(config.max_concurrency, config.max_queue), Metrics())
+    hosts: list[Host] = []
+
+    def drop(session: Session) -> None:  # keys freed off the caller's thread (it holds the store's lock)
+        threading.Thread(target=hosts[0].close, args=(session.handle,), daemon=True).start()
+
+    sessions = SessionStore(config.session_ttl_s, config.max_sessions, config.key_budget_bytes,
+                            config.expired_memory, on_drop=drop)
+    hosts.append(make_host(config, registry, sessions.lose, warm))
+    auth = TokenAuth.from_file(config.auth_token_file) if config.auth_token_file is not None else None
+    state = ServerState(config, registry, sessions, WorkPool(config.max_concurrency, config.max_queue), Metrics(),
+                        hosts[0], auth)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -124,15 +159,18 @@ def create_app(config: ServeConfig, registry: Registry | None = None) -> FastAPI
                 state.sessions.sweep()
 
         task = asyncio.create_task(sweeper())
-        log.info("serving %d models from %s: %s", len(registry.models), config.programs_dir, registry.names())
+        log.info("serving %d models from %s: %s (sessions in %s)", len(registry.models), config.programs_dir,
+                 registry.names(), "worker processes" if config.isolation == "process" else "this process")
         try:
             yield
         finally:
             task.cancel()
             state.pool.shutdown()
+            state.host.shutdown()
 
     app = FastAPI(title="polyfhe encrypted inference", version="1", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url="/v1/openapi.json")
+    state.host.start()
     app.state.polyfhe = state
     app.add_middleware(_CountRequests, metrics=state.metrics)
 
@@ -207,6 +245,7 @@ def create_app(config: ServeConfig, registry: Registry | None = None) -> FastAPI
     @app.post("/v1/sessions", status_code=201)
     async def create_session(request: Request, model: str | None = None) -> JSONResponse:
         until = deadline()
+        owner = state.owner(request)
         entry = model_or_404(model)
         declared = declared_length(request, "public context", config.max_context_bytes)
         reservation = state.sessions.reserve(declared or 0)
@@ -214,29 +253,29 @@ def create_app(config: ServeConfig, registry: Registry | None = None) -> FastAPI
             grow = None if declared is not None else (lambda n: state.sessions.grow(reservation, n))
             body = await read_body(request, "public context", config.max_context_bytes, until, grow)
             check_upload(body, KIND_CONTEXT, entry.program)
+            upload_bytes = len(body)
             key_bytes = decoded_context_bytes(entry.program, len(body))
             state.sessions.grow(reservation, key_bytes)  # the budget counts keys as they sit in memory
-            t0 = time.perf_counter()
-            server = await state.pool.run(_load_context, config, entry, body, deadline=until,
-                                          what="loading the public context")
-            load_s = time.perf_counter() - t0
-            session = state.sessions.add(reservation, entry.name, server, key_bytes)
+            session, load_s = await state.pool.run(_open_session, state, reservation, entry, body, key_bytes, owner,
+                                                   deadline=until, what="loading the public context")
+            del body  # the host holds the keys now
         finally:
             state.sessions.release(reservation)
-        entry.observed_context_bytes = len(body)
-        state.metrics.transfer(len(body), 0)
+        entry.observed_context_bytes = upload_bytes
+        state.metrics.transfer(upload_bytes, 0)
         return JSONResponse({"session_id": session.id, "model": entry.name, "program_id": entry.program.program_id,
-                             "ttl_s": config.session_ttl_s, "context_bytes": len(body), "load_seconds": load_s,
+                             "ttl_s": config.session_ttl_s, "context_bytes": entry.observed_context_bytes,
+                             "load_seconds": load_s,
                              "max_ciphertext_bytes": config.max_ciphertext_bytes}, status_code=201)
 
     @app.post("/v1/sessions/{session_id}/infer")
     async def infer(session_id: str, request: Request) -> Response:
         until = deadline()
-        session = state.sessions.acquire(session_id)
+        session = state.sessions.acquire(session_id, state.owner(request))
         try:
             body = await read_body(request, "ciphertext", config.max_ciphertext_bytes, until)
-            check_upload(body, KIND_CIPHERTEXT, session.server.program)
-            out, seconds = await state.pool.run(_evaluate, config, session, body, deadline=until,
+            check_upload(body, KIND_CIPHERTEXT, session.handle.program)
+            out, seconds = await state.pool.run(_evaluate, state, session, body, deadline=until,
                                                 what=f"inference in session {session.short_id()}")
         finally:
             state.sessions.done(session)
@@ -247,16 +286,16 @@ def create_app(config: ServeConfig, registry: Registry | None = None) -> FastAPI
         return Response(out, media_type=OCTETS, headers={"X-Polyfhe-Server-Seconds": f"{seconds:.6f}"})
 
     @app.get("/v1/sessions/{session_id}")
-    async def session_info(session_id: str) -> dict:
+    async def session_info(session_id: str, request: Request) -> dict:
         """Whether the server still holds a session (404/410 if not), so a client with saved keys can resume it
         without sending a ciphertext first; restarts its idle clock."""
-        session = state.sessions.touch(session_id)
-        return {"session_id": session.id, "model": session.model, "program_id": session.server.program.program_id,
+        session = state.sessions.touch(session_id, state.owner(request))
+        return {"session_id": session.id, "model": session.model, "program_id": session.handle.program.program_id,
                 "ttl_s": config.session_ttl_s, "requests": session.requests, "key_bytes": session.key_bytes}
 
     @app.delete("/v1/sessions/{session_id}")
-    async def delete_session(session_id: str) -> dict:
-        session = state.sessions.delete(session_id)
+    async def delete_session(session_id: str, request: Request) -> dict:
+        session = state.sessions.delete(session_id, state.owner(request))
         return {"deleted": True, "model": session.model, "freed_key_bytes": session.key_bytes,
                 "requests": session.requests}
 

@@ -6,9 +6,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MIB", "ServeConfig"]
+__all__ = ["ISOLATIONS", "MIB", "ServeConfig"]
 
 MIB = 1 << 20
+ISOLATIONS = ("process", "thread")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,10 @@ class ServeConfig:
     max_queue: int = 16  # requests waiting for a worker; beyond it: 503 with Retry-After
     expired_memory: int = 4096  # ids of expired sessions remembered, to answer 410 instead of 404
     eval_delay_s: float = 0.0  # testing aid: sleep this long in every evaluation (simulates a slow model)
+    isolation: str = "process"  # "process": sessions live in worker processes; "thread": in the server's own
+    worker_processes: int = 1  # with isolation "process": a dead worker costs only the sessions it held
+    worker_memory_headroom_bytes: int | None = None  # address space a worker may add after loading (RLIMIT_AS)
+    auth_token_file: Path | None = None  # bearer tokens, one per line; None: no tokens asked for
 
     def __post_init__(self) -> None:
         for name in ("max_context_bytes", "max_ciphertext_bytes", "max_sessions", "key_budget_bytes",
@@ -43,10 +48,17 @@ class ServeConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_queue < 0 or self.eval_delay_s < 0:
             raise ValueError("max_queue and eval_delay_s must not be negative")
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be one of {ISOLATIONS}, got {self.isolation!r}")
+        if self.worker_processes < 1:
+            raise ValueError(f"worker_processes must be at least 1, got {self.worker_processes}")
+        if self.worker_memory_headroom_bytes is not None and self.worker_memory_headroom_bytes < 1:
+            raise ValueError("worker_memory_headroom_bytes must be positive (or None: no limit)")
 
     def limits(self) -> dict:
         """The limits as shown to clients (``/v1/models`` and the web page)."""
         return {"max_context_bytes": self.max_context_bytes, "max_ciphertext_bytes": self.max_ciphertext_bytes,
                 "session_ttl_s": self.session_ttl_s, "max_sessions": self.max_sessions,
                 "key_budget_bytes": self.key_budget_bytes, "request_timeout_s": self.request_timeout_s,
-                "max_concurrency": self.max_concurrency, "max_queue": self.max_queue}
+                "max_concurrency": self.max_concurrency, "max_queue": self.max_queue,
+                "isolation": self.isolation, "auth": "bearer" if self.auth_token_file else None}

@@ -27,4 +27,7 @@ class ApiError(Exception):
         return out
 
     def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
+        out = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
+        if self.status == 401:
+            out["WWW-Authenticate"] = "Bearer"
+        return out

@@ -9,11 +9,13 @@ keys take about as much again as their zstd-compressed bytes).
 from __future__ import annotations
 
 import collections
+import hmac
 import logging
 import math
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +30,13 @@ log = logging.getLogger(__name__)
 class Session:
     id: str
     model: str
-    server: Any  # polyfhe.fhe.server.CKKSServer
+    handle: Any  # polyfhe.serve.hosts.SessionHandle: its program, and where its keys live
     key_bytes: int
     created: float
     last_used: float
     requests: int = 0
     busy: int = 0  # requests in flight; a busy session is not expired under them
+    owner: str | None = None  # fingerprint of the bearer token that opened it (None: the server has no tokens)
 
     def short_id(self) -> str:
         return self.id[:8]  # enough to follow a session in the logs without printing the bearer token
@@ -49,7 +52,9 @@ class Reservation:
 
 class SessionStore:
     def __init__(self, ttl_s: float, max_sessions: int, budget_bytes: int, expired_memory: int = 4096,
-                 clock=time.monotonic) -> None:
+                 clock=time.monotonic, on_drop: Callable[[Session], None] | None = None) -> None:
+        """``on_drop(session)``: called (under the store's lock: it must not block) for every session that
+        expires, is deleted or is lost, so its host frees the keys."""
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
         self.budget_bytes = budget_bytes
@@ -59,9 +64,12 @@ class SessionStore:
         self._pending: list[Reservation] = []
         self._expired: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._expired_memory = expired_memory
+        self._lost: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._on_drop = on_drop
         self.created_total = 0
         self.expired_total = 0
         self.deleted_total = 0
+        self.lost_total = 0
 
     # ---------------------------------------------------------------------------------------- accounting
     @property
@@ -77,7 +85,8 @@ class SessionStore:
             return {"active": len(self._sessions), "uploading": len(self._pending),
                     "key_bytes": self.used_bytes, "key_budget_bytes": self.budget_bytes,
                     "max_sessions": self.max_sessions, "ttl_s": self.ttl_s, "created_total": self.created_total,
-                    "expired_total": self.expired_total, "deleted_total": self.deleted_total}
+                    "expired_total": self.expired_total, "deleted_total": self.deleted_total,
+                    "lost_total": self.lost_total}
 
     def _retry_after(self) -> int:
         now = self._clock()
@@ -131,9 +140,15 @@ class SessionStore:
             reservation.open = False
             self._pending = [r for r in self._pending if r is not reservation]
 
-    def add(self, reservation: Reservation, model: str, server: Any, key_bytes: int) -> Session:
+    @staticmethod
+    def new_id() -> str:
+        """An unguessable session id (192 random bits): it is the session's capability when no tokens are set."""
+        return secrets.token_urlsafe(24)
+
+    def add(self, reservation: Reservation, model: str, handle: Any, key_bytes: int, session_id: str | None = None,
+            owner: str | None = None) -> Session:
         now = self._clock()
-        session = Session(secrets.token_urlsafe(24), model, server, key_bytes, now, now)
+        session = Session(session_id or self.new_id(), model, handle, key_bytes, now, now, owner=owner)
         with self._lock:
             self._drop_pending(reservation)
             self._sessions[session.id] = session
@@ -142,44 +157,67 @@ class SessionStore:
         return session
 
     # ---------------------------------------------------------------------------------------- use
-    def _live_locked(self, session_id: str) -> Session:
-        """The live session, its idle clock restarted; 410 if it expired, 404 if never known."""
+    def _find_locked(self, session_id: str, owner: str | None) -> Session:
+        """The live session of ``owner``: another token's session answers 404 exactly as an unknown id does."""
         self._sweep_locked()
         session = self._sessions.get(session_id)
         if session is None:
             raise self._missing(session_id)
+        if session.owner is not None and not hmac.compare_digest(session.owner, owner or ""):
+            raise self._missing("")
+        return session
+
+    def _live_locked(self, session_id: str, owner: str | None) -> Session:
+        """The live session, its idle clock restarted; 410 if it expired or was lost, 404 if never known."""
+        session = self._find_locked(session_id, owner)
         session.last_used = self._clock()
         return session
 
-    def acquire(self, session_id: str) -> Session:
+    def acquire(self, session_id: str, owner: str | None = None) -> Session:
         """The live session, marked busy until :meth:`done`; 410 if it expired, 404 if never known."""
         with self._lock:
-            session = self._live_locked(session_id)
+            session = self._live_locked(session_id, owner)
             session.busy += 1
             session.requests += 1
             return session
 
-    def touch(self, session_id: str) -> Session:
+    def touch(self, session_id: str, owner: str | None = None) -> Session:
         """The live session, its idle clock restarted (a client about to use it); 410/404 as :meth:`acquire`."""
         with self._lock:
-            return self._live_locked(session_id)
+            return self._live_locked(session_id, owner)
 
     def done(self, session: Session) -> None:
         with self._lock:
             session.busy -= 1
             session.last_used = self._clock()
 
-    def delete(self, session_id: str) -> Session:
+    def delete(self, session_id: str, owner: str | None = None) -> Session:
         with self._lock:
-            self._sweep_locked()
-            session = self._sessions.pop(session_id, None)
-            if session is None:
-                raise self._missing(session_id)
+            session = self._find_locked(session_id, owner)
+            del self._sessions[session_id]
             self.deleted_total += 1
+            self._drop(session)
         log.info("session %s deleted (%d requests)", session.short_id(), session.requests)
         return session
 
+    def lose(self, session_ids: list[str]) -> None:
+        """Forget sessions whose keys are gone (their worker process died): they answer 410 ``session_lost``."""
+        with self._lock:
+            for session_id in session_ids:
+                if self._sessions.pop(session_id, None) is not None:
+                    self._lost[session_id] = self._clock()
+                    self.lost_total += 1
+            while len(self._lost) > self._expired_memory:
+                self._lost.popitem(last=False)
+
+    def _drop(self, session: Session) -> None:
+        if self._on_drop is not None:
+            self._on_drop(session)
+
     def _missing(self, session_id: str) -> ApiError:
+        if session_id in self._lost:
+            return ApiError(410, "session_lost", "the worker process that held this session's keys stopped; open "
+                            "a new session with the same public context (POST /v1/sessions?model=NAME)")
         if session_id in self._expired:
             return ApiError(410, "session_expired",
                             f"this session expired after {self.ttl_s:g} s without use and its keys were "
@@ -199,6 +237,7 @@ class SessionStore:
         for s in dead:
             del self._sessions[s.id]
             self._expired[s.id] = now
+            self._drop(s)
             log.info("session %s expired after %.0f s idle", s.short_id(), now - s.last_used)
         while len(self._expired) > self._expired_memory:
             self._expired.popitem(last=False)

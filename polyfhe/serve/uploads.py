@@ -10,7 +10,15 @@ import json
 import struct
 
 from polyfhe.fhe.program import CKKSProgram
-from polyfhe.fhe.wire import KIND_CONTEXT, KIND_NAMES, KIND_SECRET, MAGIC, MAX_HEADER
+from polyfhe.fhe.wire import (
+    KIND_CONTEXT,
+    KIND_NAMES,
+    KIND_SECRET,
+    MAGIC,
+    MAX_HEADER,
+    MAX_HEADER_NESTING,
+    header_nesting,
+)
 from polyfhe.serve.errors import ApiError
 
 __all__ = ["check_upload"]
@@ -33,10 +41,14 @@ def check_upload(data: bytes, expect: bytes, program: CKKSProgram) -> dict:
     if size > MAX_HEADER or start + size > len(data):
         raise ApiError(400, f"bad_{'context' if expect == KIND_CONTEXT else 'ciphertext'}",
                        f"the {what} is truncated or corrupt: header length {size} for {len(data)} bytes")
-    try:
-        header = json.loads(data[start: start + size])
-    except ValueError as exc:
-        header = f"not valid JSON ({exc})"
+    raw = bytes(data[start: start + size])
+    if header_nesting(raw) > MAX_HEADER_NESTING:
+        header = f"nested deeper than {MAX_HEADER_NESTING} levels"
+    else:
+        try:
+            header = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            header = f"not valid JSON ({type(exc).__name__}: {str(exc)[:200]})"
     if not isinstance(header, dict):
         raise ApiError(400, f"bad_{'context' if expect == KIND_CONTEXT else 'ciphertext'}",
                        f"the {what} header is not a JSON object: {str(header)[:200]}")

@@ -1,0 +1,178 @@
+"""The worker process of ``polyfhe serve``: holds sessions (public keys) and evaluates ciphertexts for them.
+
+It loads the programs folder itself, tells the parent it is ready, then answers requests from the parent's pipe on
+a small thread pool. Requests are ``(request id, op, args, has_payload)`` followed by the payload's bytes; replies
+are ``(request id, status, meta, has_payload)``, status ``ok``, ``refused`` (an :class:`ApiError`'s fields: the
+client's fault) or ``failed`` (a bug: the exception's type only, never its message, which may quote input).
+
+The worker asks the kernel's OOM killer to take it before the HTTP server (``oom_score_adj``) and, when the server
+sets one, limits its own address space (``RLIMIT_AS``) to what it holds after loading plus a fixed headroom, so a
+request that needs more memory fails with ``MemoryError`` in this process, not in the server's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polyfhe.serve.errors import ApiError
+from polyfhe.serve.hosts import engine_call, open_server
+
+__all__ = ["WorkerSpec", "address_space_bytes", "worker_main"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs, sent once when it starts (picklable: the worker is spawned, not forked)."""
+
+    index: int
+    programs_dir: Path
+    plaintext_cache_bytes: int | None
+    max_context_bytes: int
+    max_ciphertext_bytes: int
+    threads: int  # requests this worker runs at once
+    memory_headroom_bytes: int | None  # RLIMIT_AS above the loaded worker's size; None: no limit
+    log_level: int = logging.WARNING
+    warm: bool = False  # encode every SEAL program's plaintexts before answering (``polyfhe serve --warm``)
+
+
+def address_space_bytes() -> int | None:
+    """This process's virtual size (``VmSize``), or None where /proc does not tell."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _yield_to_oom_killer() -> None:
+    """Make this worker the OOM killer's first choice (raising one's own score needs no privilege)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("1000")
+    except OSError:
+        log.debug("could not raise this worker's oom_score_adj")
+
+
+def _limit_memory(headroom: int | None) -> int | None:
+    """Cap the address space at its current size plus ``headroom``; the cap in bytes, or None."""
+    if headroom is None:
+        return None
+    size = address_space_bytes()
+    if size is None:
+        log.warning("cannot read this worker's size; its memory is not limited")
+        return None
+    limit = size + headroom
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return limit
+
+
+class _Worker:
+    def __init__(self, conn: Any, spec: WorkerSpec, registry: Any) -> None:
+        self.conn, self.spec, self.registry = conn, spec, registry
+        self.sessions: dict[str, Any] = {}
+        self.send_lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=spec.threads, thread_name_prefix=f"worker{spec.index}")
+        for future in [self.pool.submit(time.sleep, 0.01) for _ in range(spec.threads)]:
+            future.result()  # every thread exists before the address space is capped
+
+    def reply(self, rid: int, status: str, meta: dict, payload: bytes | None = None) -> None:
+        with self.send_lock:
+            self.conn.send((rid, status, meta, payload is not None))
+            if payload is not None:
+                self.conn.send_bytes(payload)
+
+    def handle(self, rid: int, op: str, args: tuple, payload: bytes | None) -> None:
+        try:
+            meta, out = self._dispatch(op, args, payload)
+            self.reply(rid, "ok", meta, out)
+        except ApiError as exc:
+            self.reply(rid, "refused", {"status": exc.status, "code": exc.code, "detail": exc.detail,
+                                        "retry_after": exc.retry_after, "extra": exc.extra})
+        except BaseException as exc:  # noqa: BLE001 - a bug, not the bytes: its type only (messages may quote input)
+            log.error("worker %d: %s failed: %s", self.spec.index, op, type(exc).__name__)
+            self.reply(rid, "failed", {"type": type(exc).__name__})
+
+    def _dispatch(self, op: str, args: tuple, payload: bytes | None) -> tuple[dict, bytes | None]:
+        if op == "open":
+            session_id, model_name = args
+            model = self.registry.get(model_name)
+            if model is None:
+                raise ApiError(404, "unknown_model", f"no model named {model_name!r} in this worker")
+            t0 = time.perf_counter()
+            server = engine_call(open_server, "context", model.program, payload, self.spec.max_context_bytes,
+                                 self.spec.max_ciphertext_bytes)
+            self.sessions[session_id] = server
+            return {"seconds": time.perf_counter() - t0}, None
+        if op == "run":
+            server = self.sessions.get(args[0])
+            if server is None:
+                raise ApiError(410, "session_lost", "this worker no longer holds the session's keys; open a new "
+                               "session with the same public context")
+            out = engine_call(server.run, "ciphertext", payload)
+            return {}, out
+        if op == "close":
+            server = self.sessions.pop(args[0], None)
+            if server is not None and hasattr(server, "close"):
+                server.close()
+            return {"closed": server is not None}, None
+        raise ApiError(400, "bad_worker_request", f"unknown worker operation {op!r}")
+
+    def serve(self) -> None:
+        while True:
+            try:
+                rid, op, args, has_payload = self.conn.recv()
+                payload = self.conn.recv_bytes() if has_payload else None
+            except (EOFError, OSError):
+                return  # the parent went away (or closed us): nothing left to answer
+            except MemoryError:  # a body this worker cannot hold: the pipe is out of step now, so start afresh
+                log.error("worker %d: out of memory receiving a request; exiting", self.spec.index)
+                os._exit(3)
+            self.pool.submit(self.handle, rid, op, args, payload)
+
+
+def _warm(registry: Any) -> list[dict]:
+    """Each CKKS program's plaintexts encoded now: (name, encoded, seconds, bytes) per program."""
+    from polyfhe.fhe.prewarm import warm_plaintexts
+
+    out = []
+    for name in registry.names():
+        program = registry.models[name].program
+        if program.scheme == "ckks":
+            stats = warm_plaintexts(program)
+            out.append({"name": name, "encoded": stats.encoded, "seconds": stats.seconds, "bytes": stats.bytes})
+    return out
+
+
+def worker_main(conn: Any, spec: WorkerSpec) -> None:
+    """Entry point of a spawned worker; returns (the process exits) when the parent closes the pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which then stops its workers
+    logging.basicConfig(level=spec.log_level, format=f"[worker {spec.index}] %(levelname)s %(name)s: %(message)s")
+    _yield_to_oom_killer()
+    try:
+        from polyfhe.serve.registry import Registry
+
+        registry = Registry(spec.programs_dir, plaintext_cache_bytes=spec.plaintext_cache_bytes)
+        warmed = _warm(registry) if spec.warm else []
+        worker = _Worker(conn, spec, registry)
+        limit = _limit_memory(spec.memory_headroom_bytes)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which refuses to start
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", {"pid": os.getpid(), "address_space_limit": limit, "models": registry.names(),
+                         "warmed": warmed}))
+    worker.serve()
+    os._exit(0)  # no interpreter teardown with engine threads and keys still around
