@@ -13,15 +13,23 @@ import math
 from dataclasses import asdict, dataclass
 
 __all__ = [
-    "DEFAULT_MIN_SCALE_BITS", "MAX_BITS_128", "CKKSParams", "ParameterError", "choose_params", "fingerprint_params",
-    "largest_value", "max_levels", "security_bits_ok",
+    "DEFAULT_MIN_SCALE_BITS", "MAX_BITS_128", "CKKSParams", "InsecureParametersError", "ParameterError",
+    "choose_params", "fingerprint_params", "largest_value", "max_levels", "require_secure", "security_bits_ok",
 ]
 
 log = logging.getLogger(__name__)
 
-# HE standard, 128-bit classical security, uniform ternary secret (as SEAL's tc128 table).
+# Largest log2(QP) for 128-bit classical security with a uniform ternary secret (error sigma 3.2):
+# * N = 2^10 .. 2^15: the Homomorphic Encryption Standard (Albrecht et al., homomorphicencryption.org, v1.1,
+#   Nov. 2018; Table "uniform ternary secret", 128-bit classical), the same numbers as SEAL's tc128 table. The
+#   standard stops at 2^15 (881 bits).
+# * N = 2^16: 1,747 bits, OpenFHE's table (src/core/lib/lattice/stdlatticeparms.cpp, HEStd_ternary,
+#   HEStd_128_classic; in every release since v1.2.0, still in v1.5.1), added by OpenFHE PR #807 (June 2024) from
+#   Table 5.2 of ePrint 2024/463 (Bossuat et al., "Security Guidelines for Implementing Homomorphic Encryption"),
+#   estimated with the lattice estimator under the MATZOV cost model (OpenFHE issue #806; the paper, not OpenFHE,
+#   records the estimator's version). Lattigo itself publishes no bound at 2^16 for this secret.
 # N=65536 serves bootstrapping programs only (fhe/bootparams.py); leveled ones choose among RING_SIZES.
-MAX_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881, 65536: 1772}
+MAX_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881, 65536: 1747}
 RING_SIZES = (8192, 16384, 32768)
 MAX_PRIME_BITS = 60
 DEFAULT_MIN_SCALE_BITS = 30  # the smallest scale chosen unless a plan spends levels (export/ckks/spend.py)
@@ -29,6 +37,26 @@ DEFAULT_MIN_SCALE_BITS = 30  # the smallest scale chosen unless a plan spends le
 
 class ParameterError(ValueError):
     """No secure parameter set fits the program, or an override is insecure or malformed."""
+
+
+class InsecureParametersError(ValueError):
+    """A program's parameters were exported insecure (``security="none"``) and insecure use was not allowed."""
+
+    flag = "--allow-insecure"
+
+
+def require_secure(params: CKKSParams, allow_insecure: bool, what: str) -> None:
+    """Refuse to ``what`` (e.g. "run", "create keys for", "serve") a program whose parameters are insecure
+    (``security="none"``: exported with ``allow_insecure``) unless ``allow_insecure``; warns when it is allowed.
+    The one check the commands and the server share; raises :class:`InsecureParametersError`."""
+    if params.security == "tc128":
+        return
+    if not allow_insecure:
+        raise InsecureParametersError(
+            f"refusing to {what} a program with insecure CKKS parameters ({params.describe()}): they do not meet "
+            f"128-bit security and must never hold real data; pass {InsecureParametersError.flag} to {what} it "
+            "anyway (tests and experiments only)")
+    log.warning("INSECURE CKKS PARAMETERS allowed (%s): %s. Never use them for real data.", what, params.describe())
 
 
 @dataclass(frozen=True)

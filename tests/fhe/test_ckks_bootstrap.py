@@ -3,12 +3,15 @@ small, explicitly insecure ring (N=4096: a bootstrap takes about half a second t
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import math
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
+from sympy import isprime as sympy_isprime
 from torch import nn
 
 from polyfhe.export.ckks import CKKSExportError, export_ckks
@@ -19,11 +22,11 @@ from polyfhe.fhe.bootparams import (
     BOOTSTRAP_RING,
     CIRCUIT_BITS,
     KEYGEN_PEAK_FACTOR,
-    RESIDUAL_RINGS,
     BootstrapSpec,
     bootstrap_candidates,
+    bootstrap_circuit_logq,
     bootstrap_key_bytes,
-    bootstrap_modulus_bits,
+    bootstrap_moduli,
     check_bootstrap_security,
     choose_bootstrap_params,
     default_spec,
@@ -35,6 +38,7 @@ from polyfhe.fhe.params import MAX_BITS_128, CKKSParams, ParameterError
 from polyfhe.fhe.program import Step
 from tests.fhe.ckks_testlib import Square, digits, train
 
+LATTIGO = importlib.util.find_spec("lattigo") is not None
 SMALL_RING = CKKSParams(4096, (60, 40, 40, 40, 60), 40)  # 3 levels between bootstraps; insecure on purpose
 
 
@@ -145,20 +149,95 @@ def test_no_bootstrap_when_the_chain_holds_the_circuit_and_a_useless_chain_is_re
 # ---------------------------------------------------------------------------------------------------------------
 # parameters
 # ---------------------------------------------------------------------------------------------------------------
-def test_bootstrapping_chains_meet_the_128_bit_bound_on_both_rings():
+def _independent_log_qp(params, spec):
+    """log2 of the bootstrapping modulus from the primes themselves, summed here: every prime checked prime,
+    NTT-friendly for the bootstrapping ring and of the bit size Lattigo's circuit asks for."""
+    q, p = bootstrap_moduli(params, spec)
+    nth_root = 2 << spec.logn
+    sizes = (*params.coeff_mod_bits[:-1], *bootstrap_circuit_logq(params, spec), *spec.logp)
+    assert len(q) + len(p) == len(sizes) and len(set(q) | set(p)) == len(sizes)
+    for prime, bits in zip((*q, *p), sizes):
+        assert sympy_isprime(prime) and prime % nth_root == 1 and abs(math.log2(prime) - bits) < 0.5
+    return sum(math.log2(x) for x in (*q, *p))
+
+
+def test_bootstrapping_chains_meet_the_128_bit_bound_on_the_real_moduli():
     for depth in (20, 30, 60):
         params, spec = choose_bootstrap_params(depth, 8192)
-        secure, bits, bound = check_bootstrap_security(params, spec)
-        assert spec.logn == 16 and secure and bits <= bound == MAX_BITS_128[BOOTSTRAP_RING]
-        assert bits == bootstrap_modulus_bits(params, spec)
-        # the residual chain, special prime included, is secure on its own (smaller) ring too
-        assert params.slots >= 8192 and sum(params.coeff_mod_bits) <= MAX_BITS_128[params.poly_modulus_degree]
-        assert params.levels >= 7
-    secure, bits, _ = check_bootstrap_security(SMALL_RING, choose_bootstrap_params(20, 8)[1])
-    assert secure and bits <= MAX_BITS_128[BOOTSTRAP_RING]  # test rings bootstrap on N=2^16 unless insecure
+        verdict = check_bootstrap_security(params, spec)
+        assert spec.logn == 16 and verdict.secure and verdict.bound == MAX_BITS_128[BOOTSTRAP_RING] == 1747
+        assert verdict.log_qp == pytest.approx(_independent_log_qp(params, spec), abs=1e-9)
+        assert verdict.log_qp <= verdict.bound
+        # no ring switching at 128 bits: the residual ring is the bootstrapping ring, secure on its own
+        assert params.poly_modulus_degree == BOOTSTRAP_RING and params.levels >= 7
+        assert sum(params.coeff_mod_bits) <= MAX_BITS_128[params.poly_modulus_degree]
     insecure = CKKSParams(4096, SMALL_RING.coeff_mod_bits, 40, security="none")
     spec = default_spec(insecure, 8)
-    assert spec.logn == 12 and not check_bootstrap_security(insecure, spec)[0]
+    assert spec.logn == 12 and not check_bootstrap_security(insecure, spec).secure
+
+
+def test_lattigo_named_parameter_sets_give_their_stated_log_qp():
+    """Lattigo 6.2.0's default bootstrapping sets name their log QP (N16QP1546H192H32, N16QP1767H32768H32): the
+    port of its prime generation reproduces both from their literals (default circuit: 3 x 39, 8 x 60, 4 x 56)."""
+    for logq, special, named in (((60,) + (40,) * 9, 5, 1546), ((60,) + (40,) * 13, 6, 1767)):
+        params = CKKSParams(1 << 16, (*logq, 61), 40, security="none")
+        spec = BootstrapSpec(16, (61,) * special, 15)
+        assert round(check_bootstrap_security(params, spec).log_qp) == named
+
+
+def _at_log_qp(target):
+    """A residual chain on N=2^16 whose bootstrapping modulus is ``target`` bits, by its nominal sizes."""
+    spec = BootstrapSpec(16, (61,) * 6, 10)
+    base = CKKSParams(1 << 16, (60, 60), 40)
+    room = target - round(check_bootstrap_security(base, spec).log_qp)
+    sizes = [40] * (room // 40)
+    if room % 40:  # the rest spread over two primes of 20..40 bits
+        last = sizes.pop() + room % 40
+        sizes += [last // 2, last - last // 2]
+    return CKKSParams(1 << 16, (60, *sizes, 60), 40), spec
+
+
+def test_one_bit_over_the_bound_is_refused_and_at_the_bound_passes():
+    at, spec = _at_log_qp(1747)
+    over, _ = _at_log_qp(1748)
+    verdict = check_bootstrap_security(at, spec)
+    assert round(verdict.log_qp) == 1747 and verdict.log_qp <= 1747 and verdict.secure
+    verdict = check_bootstrap_security(over, spec)
+    assert round(verdict.log_qp) == 1748 and not verdict.secure
+    assert "over the 128-bit bound of 1747 bits for N=65536" in verdict.problems[0]
+
+
+def test_the_verdict_reads_the_real_primes():
+    """Swap one real residual prime for a larger one: nothing planned changes, the verdict does."""
+    params, spec = _at_log_qp(1747)
+    q = bootstrap_moduli(params, spec)[0][: len(params.coeff_mod_bits) - 1]
+    assert check_bootstrap_security(params, spec, q).secure
+    bigger = (*q[:-1], q[-1] * 4 + 1)  # 2 bits more in one prime
+    verdict = check_bootstrap_security(params, spec, bigger)
+    assert not verdict.secure and verdict.log_qp == pytest.approx(
+        check_bootstrap_security(params, spec, q).log_qp + math.log2(bigger[-1] / q[-1]))
+
+
+def test_ring_switching_a_sparse_secret_and_a_wide_ephemeral_key_are_refused():
+    params, spec = choose_bootstrap_params(20, 4096)
+    small = CKKSParams(1 << 14, (60,) + (40,) * 7 + (60,), 40)
+    verdict = check_bootstrap_security(small, replace(spec, logp=(61,) * 6))
+    assert any("EvkN2ToN1" in p and "438 bits for N=16384" in p for p in verdict.problems)
+    assert all(c.params.poly_modulus_degree == BOOTSTRAP_RING for c in bootstrap_candidates(20, 4096))
+    sparse = check_bootstrap_security(params, spec, secret_weight=192)
+    assert any("Hamming weight 192" in p for p in sparse.problems)
+    wide = replace(params, coeff_mod_bits=(60, 40, 40, 60), scale_bits=40)
+    assert not check_bootstrap_security(wide, replace(spec, logp=(62, *spec.logp[1:]))).secure
+
+
+@pytest.mark.skipif(not LATTIGO, reason="the orion-v2-lattigo wheel is not installed")
+def test_the_residual_primes_are_the_wheels():
+    from polyfhe.fhe.backends.lattigo import lattigo_primes
+
+    for params, spec in ((CKKSParams(1 << 16, (60,) + (40,) * 11 + (60,), 40), BootstrapSpec(16, (61,) * 6, 13)),
+                         (CKKSParams(4096, SMALL_RING.coeff_mod_bits, 40, "none"), BootstrapSpec(12, (61,) * 6, 3))):
+        q, _ = lattigo_primes(params, spec.to_dict())
+        assert bootstrap_moduli(params, spec)[0][: len(q)] == q
 
 
 def test_special_primes_make_the_bootstrapping_keys_smallest_that_fit():
@@ -279,13 +358,14 @@ def test_cli_exports_a_deep_model_with_bootstraps_and_refuses_it_with_bootstrap_
     onnx_path = tmp_path / "deep.onnx"
     export_onnx(model.eval(), onnx_path, (1, 8, 8))
     np.save(tmp_path / "cal.npy", digits()[0][:16].astype(np.float32))
-    common = ["export", str(onnx_path), "--calibration", str(tmp_path / "cal.npy"), "--backend", "lattigo"]
+    common = ["export", str(onnx_path), "--calibration", str(tmp_path / "cal.npy"), "--backend", "lattigo",
+              "--bootstrap-memory", "64"]  # planned for a machine that holds N=2^16 key generation (about 24 GB)
     assert main([*common, "--out", str(tmp_path / "p")]) == 0
     out = capsys.readouterr().out
     assert "bootstraps" in out and "after levels" in out
     prog = load_program(tmp_path / "p")
     info = prog.manifest.info["bootstrap"]
-    assert prog.params.poly_modulus_degree in RESIDUAL_RINGS and prog.params.security == "tc128"
+    assert prog.params.poly_modulus_degree == BOOTSTRAP_RING and prog.params.security == "tc128"  # no switching
     assert info["spec"]["logn"] == 16 and info["key_bytes"] > 0
     assert info["count"] >= 1 and info["modulus_bits"] <= MAX_BITS_128[BOOTSTRAP_RING]
     assert prog.manifest.info["planned"]["bootstraps"] == info["count"]
@@ -295,7 +375,8 @@ def test_cli_exports_a_deep_model_with_bootstraps_and_refuses_it_with_bootstrap_
 
 def test_a_leveled_ring_whose_keys_no_server_accepts_falls_back_to_bootstrapping(caplog):
     """25 levels fit N=32768 leveled, but Lattigo's rotation keys there exceed a server's context limit: the
-    export bootstraps on a smaller residual ring instead of refusing the model."""
+    export bootstraps instead of refusing the model, on N=2^16 (the only residual ring that bootstraps securely:
+    fewer levels a key there, so fewer bytes)."""
     class Residual(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -312,9 +393,9 @@ def test_a_leveled_ring_whose_keys_no_server_accepts_falls_back_to_bootstrapping
     x = digits()[0][:32]
     with caplog.at_level("WARNING"):
         prog = export_ckks(Residual().eval(), calibration=x, input_shape=(1, 8, 8), backend="lattigo",
-                           bootstrap_memory=int(20e9))
-    assert "compiling for a smaller residual ring with bootstrapping instead" in caplog.text
-    assert prog.params.poly_modulus_degree < 32768 and prog.params.security == "tc128"
+                           bootstrap_memory=int(64e9))
+    assert "with bootstrapping instead" in caplog.text
+    assert prog.params.poly_modulus_degree == BOOTSTRAP_RING and prog.params.security == "tc128"
     assert prog.manifest.info["bootstrap"]["count"] >= 1
     with pytest.raises(CKKSExportError, match="rotation keys"):
         export_ckks(Residual().eval(), calibration=x, input_shape=(1, 8, 8), backend="lattigo", bootstrap="off")

@@ -112,18 +112,22 @@ def lower(program) -> LattigoModel:
 
 def check_security(params, bootstrap: dict | None = None) -> None:
     """Refuse parameters past the 128-bit bound unless the program was exported with ``allow_insecure``; for a
-    program that bootstraps, the bootstrapping keys' whole modulus is checked too (``fhe/bootparams.py``)."""
+    program that bootstraps, the bootstrapping keys' whole modulus is checked too, on the real primes: the residual
+    ones as this wheel generates them, the circuit's and special ones as Lattigo adds them
+    (``fhe/bootparams.py``)."""
     bound = MAX_BITS_128.get(params.poly_modulus_degree)
-    bits = modulus_bits(params, bootstrap)
+    residual_q, residual_p = lattigo_primes(params, bootstrap)
+    bits = sum(math.log2(q) for q in (*residual_q, *residual_p))
     if bootstrap:
-        secure, btp_bits, btp_bound = check_bootstrap_security(params, BootstrapSpec.from_dict(bootstrap))
-        if not secure:
+        spec = BootstrapSpec.from_dict(bootstrap)
+        verdict = check_bootstrap_security(params, spec, residual_q, secret_weight(1 << spec.logn))
+        if not verdict.secure:
             if params.security != "none":
-                raise ParameterError(f"bootstrapping on {params.describe()} needs keys over {btp_bits} bits of "
-                                     f"modulus, over the 128-bit bound of {btp_bound} bits: use fewer residual "
-                                     "levels or a smaller scale")
-            log.warning("INSECURE BOOTSTRAPPING PARAMETERS on Lattigo: keys over %d bits at N=%d (128-bit bound "
-                        "%s). Never use them for real data.", btp_bits, params.poly_modulus_degree, btp_bound)
+                raise ParameterError(f"bootstrapping on {params.describe()} is not 128-bit secure: "
+                                     f"{'; '.join(verdict.problems)}. Use fewer residual levels, a smaller scale or "
+                                     "the bootstrapping ring itself as the residual ring")
+            log.warning("INSECURE BOOTSTRAPPING PARAMETERS on Lattigo (N=%d): %s. Never use them for real data.",
+                        params.poly_modulus_degree, "; ".join(verdict.problems))
     if bound is not None and bits <= bound:
         return
     if params.security != "none":
