@@ -364,7 +364,8 @@ def _check_rows(block: np.ndarray, moduli: np.ndarray, first: int, what: str, de
     if over.size:
         i = int(over[0])
         j = int(np.argmax(block[i] >= moduli[i]))
-        bound = "SEAL's largest prime bound" if int(moduli[i]) == MAX_MODULUS else "its prime"
+        q = int(moduli[i])
+        bound = f"the engine's prime bound 2^{q.bit_length() - 1}" if q & (q - 1) == 0 else "its prime"
         raise error(f"{what}: residue {j} modulo prime {first + i} (q={int(moduli[i])}) is {int(block[i, j])}, "
                     f"not below {bound}: not a reduced polynomial")
     if degenerate is None:

@@ -222,3 +222,181 @@ def test_the_degenerate_modes():
     scan_polynomial(const.tobytes(), 0, 16, MODULI, "c1", degenerate="zero")
     with pytest.raises(SerializationError, match="transparent"):
         scan_polynomial(zero.tobytes(), 0, 16, MODULI, "c1", degenerate="zero")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Lattigo keys (synthetic bytes in the wheel's layout, see lattigo_bytes' docstring; real keys where the wheel is)
+# ------------------------------------------------------------------------------------------------------------
+def _lattigo_poly(rng, n: int, moduli) -> bytes:
+    rows = [rng.integers(1, int(q), n, dtype=np.uint64).astype("<u8") for q in moduli]
+    return struct.pack("<Q", len(rows)) + b"".join(struct.pack("<Q", n) + r.tobytes() for r in rows)
+
+
+def _lattigo_key(rng, n: int, q_moduli, p_moduli) -> bytes:
+    rows = -(-len(q_moduli) // len(p_moduli))
+    out = struct.pack("<QQ", 0, rows)
+    for _ in range(rows):
+        out += struct.pack("<QQ", 1, 2)
+        for _ in range(2):
+            out += _lattigo_poly(rng, n, q_moduli) + _lattigo_poly(rng, n, p_moduli)
+    return out
+
+
+LQ, LP = (1_152_921_504_606_830_593, 1_099_511_480_321, 1_099_511_799_809), (1_152_921_504_606_904_321,)
+
+
+def _key_set(rng, n: int, elements) -> bytes:
+    from polyfhe.fhe.backends.lattigo_format import evaluation_key_set
+
+    galois = {e: struct.pack("<QQ", e, 2 * n) + _lattigo_key(rng, n, LQ, LP) for e in elements}
+    return b"".join(evaluation_key_set(_lattigo_key(rng, n, LQ, LP), galois))
+
+
+def _poke(data: bytes, offset: int, values: bytes) -> bytes:
+    out = bytearray(data)
+    out[offset: offset + len(values)] = values
+    return bytes(out)
+
+
+def test_lattigo_evaluation_keys_are_scanned():
+    from polyfhe.fhe.backends.lattigo_bytes import KeyShape, check_evaluation_keys
+
+    rng = np.random.default_rng(3)
+    n, elements = 16, {5, 25}
+    shape = KeyShape(n, len(LQ), len(LP), 2 * n, LQ, LP)
+    data = _key_set(rng, n, elements)
+    check_evaluation_keys(data, shape, elements, True)
+    check_evaluation_keys(data, KeyShape(n, len(LQ), len(LP), 2 * n), elements, True)  # without the primes
+    relin_first_row = 1 + 16 + 16 + 8 + 8  # flag, decomposition + rows, columns + pair, Q count, degree
+    cases = (
+        (relin_first_row, bytes(8 * n), "the relinearisation key, row 0 column 0 component 0, Q part: every "
+                                        "residue modulo prime 0 .* is 0, a zero polynomial"),
+        (relin_first_row, struct.pack("<Q", 9) * n, r"is 9, a constant \(9\) polynomial"),
+        (relin_first_row + 8 * (n + 1), struct.pack("<Q", LQ[1]), rf"residue 0 modulo prime 1 \(q={LQ[1]}\) is "
+                                                                  rf"{LQ[1]}, not below its prime"),
+    )
+    for offset, values, reason in cases:
+        with pytest.raises(WireError, match=f"evaluation keys: .*{reason}"):
+            check_evaluation_keys(_poke(data, offset, values), shape, elements, True)
+    # a Galois key's random part zeroed past its first 64 bytes (the last key's second component)
+    key = len(data) - (8 + 8 * n) * (len(LQ) + len(LP)) - 16  # the last component's start, past its counts
+    zeroed = _poke(data, key + 8 + 8 + 64, bytes(8 * n - 64))
+    for row in (1, 2):
+        zeroed = _poke(zeroed, key + 8 + row * (8 + 8 * n) + 8, bytes(8 * n))
+    with pytest.raises(WireError, match="the Galois key of element 25, row 2 column 0 component 1, Q part: every "
+                                        "residue modulo prime 1"):
+        check_evaluation_keys(zeroed, shape, elements, True)
+
+
+def _boot_keys(rng, n: int, galois_elements) -> bytes:
+    out = b"".join(b"\x00" for _ in range(4))  # no ring switching, no real/complex switching
+    out += b"\x01" + _lattigo_key(rng, n, LQ[:1], LP)  # dense->sparse: one prime each
+    out += b"\x01" + _lattigo_key(rng, n, LQ, LP)  # sparse->dense
+    out += b"\x01\x01" + _lattigo_key(rng, n, LQ, LP)  # the key set: relinearisation
+    out += b"\x01" + struct.pack("<I", len(galois_elements))
+    for e in galois_elements:
+        out += struct.pack("<QQQ", e, e, 2 * n) + _lattigo_key(rng, n, LQ, LP)
+    return out
+
+
+def test_lattigo_bootstrapping_keys_are_walked_against_their_shape():
+    from polyfhe.fhe.backends.lattigo_bytes import BootKeyShape, check_bootstrap_keys
+
+    rng = np.random.default_rng(4)
+    n, elements = 16, (5, 25, 31)
+    full = (len(LQ), len(LP))
+    shape = BootKeyShape(n, (None, None, None, None, (1, 1), full), full, full, 3, elements, LQ, LP)
+    data = _boot_keys(rng, n, elements)
+    found = check_bootstrap_keys(data, shape)
+    assert [name for name, _ in found] == ["dense->sparse", "sparse->dense", "relinearisation", "galois 5",
+                                           "galois 25", "galois 31"]
+    check_bootstrap_keys(data)  # without a shape: walked and scanned all the same
+    wrong = (
+        (BootKeyShape(n, (None,) * 4 + (full, full), full, full, 3), "the dense->sparse key is on N=16 with 1\\+1"),
+        (BootKeyShape(n, (None,) * 6, full, full, 3), "the dense->sparse key is present"),
+        (BootKeyShape(2 * n, (None,) * 4 + ((1, 1), full), full, full, 3), "imply N=32"),
+        (BootKeyShape(n, (None,) * 4 + ((1, 1), full), full, full, 4), "hold 3 Galois keys; .* imply 4"),
+        (BootKeyShape(n, (None,) * 4 + ((1, 1), full), None, full, 3), "relinearisation key is present"),
+        (BootKeyShape(n, (None,) * 4 + ((1, 1), full), full, full, 3, (5, 25, 29)), "element 31; .* imply 29"),
+    )
+    for bad_shape, reason in wrong:
+        with pytest.raises(WireError, match=reason):
+            check_bootstrap_keys(data, bad_shape)
+    last_row = len(data) - 8 * n  # the last Galois key's last P row: its residues
+    for values, reason in ((bytes(8 * n), "every residue modulo prime 0 .* is 0, a zero polynomial"),
+                           (struct.pack("<Q", 1 << 61), ".*not below the engine's prime bound 2\\^61")):
+        with pytest.raises(WireError, match=f"the Galois key of element 31, row 2 column 0 component 1, P part: "
+                                            f"{reason}"):
+            check_bootstrap_keys(_poke(data, last_row, values))
+    unsorted = _boot_keys(rng, n, (25, 5))
+    with pytest.raises(WireError, match="sorted"):
+        check_bootstrap_keys(unsorted)
+
+
+def test_lattigo_ciphertexts_are_scanned():
+    from polyfhe.fhe.backends.lattigo_bytes import METADATA_BYTES, check_ciphertext
+
+    rng = np.random.default_rng(5)
+    n = 16
+    body = b"\x01" + bytes(METADATA_BYTES) + struct.pack("<Q", 2)
+    comps = [_lattigo_poly(rng, n, LQ[:2]) for _ in range(2)]
+    check_ciphertext(body + comps[0] + comps[1], n, {2}, moduli=LQ)
+    transparent = comps[1][:8] + struct.pack("<Q", n) + bytes(8 * n) + comps[1][16 + 8 * n:]
+    with pytest.raises(WireError, match="second component: every residue modulo prime 0 .* transparent"):
+        check_ciphertext(body + comps[0] + transparent, n, {2})
+    over = _poke(comps[0], 16, struct.pack("<Q", LQ[0]))
+    with pytest.raises(WireError, match="first component: residue 0 modulo prime 0 .* not below its prime"):
+        check_ciphertext(body + over + comps[1], n, {2}, moduli=LQ)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the bootstrapping-key child: stderr drained while stdout is read
+# ------------------------------------------------------------------------------------------------------------
+_NOISY_CHILD = textwrap.dedent("""
+    import struct, sys
+    def part():
+        (n,) = struct.unpack("<Q", sys.stdin.buffer.read(8))
+        return sys.stdin.buffer.read(n)
+    part(); part()
+    sys.stderr.buffer.write(b"go: noisy line\\n" * 200_000)  # 3 MB: far past a pipe's buffer
+    sys.stderr.flush()
+    if len(sys.argv) > 1:
+        sys.exit(3)
+    keys = b"K" * 1000
+    sys.stdout.buffer.write(struct.pack("<Q", len(keys)) + keys)
+""")
+
+
+def _in_thread(fn, timeout: float = 60.0):
+    import threading
+
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), "the parent blocked: the child's stderr was not drained while stdout was read"
+    return box
+
+
+def test_a_child_that_floods_stderr_before_its_keys_does_not_deadlock():
+    from polyfhe.fhe.backends.lattigo_bootkeys import generate_in_child
+
+    box = _in_thread(lambda: generate_in_child({}, {}, b"secret", 1, 1 << 20,
+                                               command=[sys.executable, "-c", _NOISY_CHILD]))
+    assert bytes(box["value"]) == b"K" * 1000
+
+
+def test_a_failing_child_reports_its_last_words():
+    from polyfhe.fhe.backends.lattigo_bootkeys import generate_in_child
+
+    box = _in_thread(lambda: generate_in_child({}, {}, b"secret", 1, 1 << 20,
+                                               command=[sys.executable, "-c", _NOISY_CHILD, "fail"]))
+    message = str(box["error"])
+    assert "exit status 3" in message and "go: noisy line" in message

@@ -7,7 +7,9 @@ public context, a server in the same process) needs the memory. In a child the p
 with the child, and the parent holds the marshalled keys only (measured in docs/ckks.md).
 
 The secret key reaches the child through a pipe (stdin), never the disk; the child writes the marshalled keys to
-its stdout. Framing on both pipes: an 8-byte little-endian length before each part.
+its stdout. Framing on both pipes: an 8-byte little-endian length before each part. The child's stderr is drained
+by a thread while its stdout is read (a child that filled the stderr pipe before writing its keys would otherwise
+block forever, and the parent with it); its last words are kept for the error message.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 from typing import BinaryIO
 
 __all__ = ["generate_here", "generate_in_child"]
@@ -26,6 +29,29 @@ log = logging.getLogger(__name__)
 
 _LEN = struct.Struct("<Q")
 _CHUNK = 1 << 24
+_STDERR_TAIL = 1 << 16  # bytes of the child's stderr kept for error messages (all of it is read)
+
+
+class _Drain:
+    """Reads a pipe to its end on a thread, keeping the last ``keep`` bytes."""
+
+    def __init__(self, stream: BinaryIO, keep: int = _STDERR_TAIL) -> None:
+        self.tail, self._keep, self._stream = bytearray(), keep, stream
+        self._thread = threading.Thread(target=self._run, daemon=True, name="bootkeys-stderr")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while chunk := self._stream.read1(1 << 16):
+                self.tail += chunk
+                if len(self.tail) > 2 * self._keep:
+                    del self.tail[:-self._keep]
+        except (OSError, ValueError):
+            pass
+
+    def text(self, timeout: float = 10.0) -> str:
+        self._thread.join(timeout)
+        return bytes(self.tail[-self._keep:]).decode(errors="replace")
 
 
 def _write_part(stream: BinaryIO, data: bytes | memoryview) -> None:
@@ -70,37 +96,48 @@ def generate_here(lattigo_params: dict, spec: dict, secret_key: bytes, h: int) -
         btp.close()
 
 
-def generate_in_child(lattigo_params: dict, spec: dict, secret_key: bytes, h: int, limit: int) -> bytearray:
+def generate_in_child(lattigo_params: dict, spec: dict, secret_key: bytes, h: int, limit: int,
+                      command: list[str] | None = None) -> bytearray:
     """:func:`generate_here` in a child process; ``limit`` bounds the bytes accepted back (the predicted size
-    with room to spare). Errors carry the child's last words (an out-of-memory kill says so)."""
+    with room to spare). Errors carry the child's last words (an out-of-memory kill says so). ``command``: the
+    child's command line (tests), by default this module run by this interpreter."""
     header = json.dumps({"params": lattigo_params, "spec": spec, "h": h}).encode()
-    child = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=os.environ.copy())
+    child = subprocess.Popen(command or [sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
+    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+    stderr = _Drain(child.stderr)
     try:
-        assert child.stdin is not None and child.stdout is not None
-        _write_part(child.stdin, header)
-        _write_part(child.stdin, secret_key)
-        child.stdin.close()
+        try:
+            _write_part(child.stdin, header)
+            _write_part(child.stdin, secret_key)
+            child.stdin.close()
+        except BrokenPipeError:
+            pass  # the child ended early: its exit status and last words say why, below
         try:
             keys = _read_part(child.stdout, limit)
         except (EOFError, ValueError) as exc:
+            if child.poll() is None:
+                child.kill()
             child.wait()
-            raise RuntimeError(_child_failure(child, str(exc))) from None
+            raise RuntimeError(_child_failure(child, str(exc), stderr.text())) from None
         if child.wait() != 0:
-            raise RuntimeError(_child_failure(child, "it exited after sending its keys"))
+            raise RuntimeError(_child_failure(child, "it exited after sending its keys", stderr.text()))
         return keys
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
+        stderr.text(timeout=5.0)
+        child.stdout.close()
+        child.stderr.close()
 
 
-def _child_failure(child: subprocess.Popen, what: str) -> str:
-    err = child.stderr.read().decode(errors="replace")[-2000:] if child.stderr else ""
+def _child_failure(child: subprocess.Popen, what: str, err: str) -> str:
     code = child.returncode
     reason = ("killed (signal 9: most likely out of memory; see `polyfhe export --bootstrap-memory`)"
               if code == -9 else f"exit status {code}")
-    return f"bootstrapping key generation failed: {what}; the child process ended with {reason}. {err.strip()}"
+    return (f"bootstrapping key generation failed: {what}; the child process ended with {reason}. "
+            f"{err[-2000:].strip()}")
 
 
 def _main() -> int:
