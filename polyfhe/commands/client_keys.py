@@ -1,7 +1,8 @@
 """``polyfhe client keys create``: make a client's keys once and keep them in a folder (``--keys KEYDIR`` later).
 
-For a served model (``--model NAME --server URL``: its manifest is fetched, and refused below 128-bit security
-unless ``--allow-insecure``) or a local program folder (``--program DIR``, for ``polyfhe run --keys``). KEYDIR gets
+For a served model (``--model NAME --server URL``: its manifest is fetched) or a local program folder
+(``--program DIR``, for ``polyfhe run --keys``); either is refused below 128-bit security unless
+``--allow-insecure`` (exit code 2 for a program folder). KEYDIR gets
 the private backup (``secret.pfhe``: the secret key, mode 0600; never sent anywhere), the public context
 (``public.pfhe``: what a server gets) and ``keys.json`` (what the keys are for, and the last session per server).
 A folder that already holds keys is refused unless ``--force`` (sessions opened with the old keys become useless).
@@ -24,7 +25,8 @@ DEFAULT_SERVER = "http://127.0.0.1:8000"
 
 def add_insecure_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-insecure", action="store_true",
-                        help="make keys for a manifest below 128-bit security (experiments only; refused otherwise)")
+                        help="make keys for a program or manifest below 128-bit security (security \"none\"; "
+                             "experiments only; refused otherwise)")
 
 
 def add_parser(sub: Any) -> None:
@@ -56,7 +58,7 @@ def run_create(args: argparse.Namespace) -> int:
         manifest, server, model = _manifest(args)
     except ServeError as exc:
         return _fail(exc, EXIT_SERVER)
-    except ValueError as exc:  # ProgramError
+    except ValueError as exc:  # ProgramError, InsecureParametersError
         return _fail(exc, EXIT_BAD_INPUT)
     client = _make_keys(manifest)
     try:
@@ -74,9 +76,12 @@ def run_create(args: argparse.Namespace) -> int:
 def _manifest(args: argparse.Namespace) -> tuple[Any, str | None, str | None]:
     """(manifest, server URL, model name) of the keys' target."""
     if args.program is not None:
+        from polyfhe.fhe.params import require_secure
         from polyfhe.fhe.program import load_program
 
-        return load_program(args.program).manifest, None, None
+        manifest = load_program(args.program).manifest
+        require_secure(manifest.params, args.allow_insecure, "create keys for")
+        return manifest, None, None
     from polyfhe.serve.http_client import ServeClient
 
     with ServeClient(args.server) as api:

@@ -11,7 +11,11 @@ program's channels and size, scaled to [0, 1]).
 --out KEYDIR`` instead of making new ones; a folder made for another program is refused. A progress bar follows
 the evaluation when stderr is a terminal.
 
-Exit codes: 0 ran; 2 bad input (missing or unreadable program, file or key folder, wrong shape, not an image).
+A program exported with insecure parameters (``allow_insecure``: security "none") is refused unless
+``--allow-insecure``.
+
+Exit codes: 0 ran; 2 bad input (missing or unreadable program, file or key folder, wrong shape, not an image,
+insecure parameters without ``--allow-insecure``).
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--keys", type=Path, metavar="KEYDIR",
                    help="restore the client's keys from this folder (`polyfhe client keys create --program DIR "
                         "--out KEYDIR`) instead of making new ones")
+    p.add_argument("--allow-insecure", action="store_true",
+                   help="run a program exported with insecure parameters (security \"none\"; tests and "
+                        "experiments only: refused otherwise, exit code 2)")
     add_threads_argument(p)
     p.set_defaults(func=run)
 
@@ -142,6 +149,7 @@ def read_input(path: Path, manifest: Any) -> np.ndarray:
 def run(args: argparse.Namespace) -> int:
     from polyfhe.fhe.client import InputError
     from polyfhe.fhe.keydir import KeyDir, KeyDirError
+    from polyfhe.fhe.params import InsecureParametersError, require_secure
     from polyfhe.fhe.program import ProgramError, load_program
 
     apply_threads(args)
@@ -151,9 +159,10 @@ def run(args: argparse.Namespace) -> int:
         return _run_concrete(args)
     try:
         program = load_program(args.program)
+        require_secure(program.params, args.allow_insecure, "run")
         x = read_input(Path(args.input), program.manifest)
         client = None if args.keys is None else KeyDir(args.keys).load(program.manifest, f"program {args.program}")
-    except (ProgramError, RunInputError, KeyDirError) as exc:
+    except (ProgramError, RunInputError, KeyDirError, InsecureParametersError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
