@@ -5,6 +5,15 @@ polyfhe's side is importable there). Every call sends a JSON header and raw blob
 worker raises, :class:`ConcreteCallError` carries its type and message; when it dies (Concrete's native code can
 abort on bytes it cannot parse), :class:`ConcreteWorkerDied` says so with the end of its stderr, and the caller's
 process is untouched: the next call starts a fresh worker.
+
+Memory is bounded twice. Every worker runs under a fixed address-space limit (``RLIMIT_AS``, default
+:data:`DEFAULT_ADDRESS_SPACE_BYTES`, ``Worker(address_space_bytes=...)``): the worker sets it on itself before it
+imports anything (``worker_main.py --address-space``; a ``preexec_fn`` would do the same in the forked child but is
+unsafe in a threaded parent such as the HTTP server), so a parse that tries to allocate past it fails inside the
+worker with a ``MemoryError`` or an abort, never on the machine. A server counts :attr:`Worker.address_space_bytes`
+per session in its key budget. And every byte string a worker will parse is size-checked here before it is sent
+(:func:`check_blob_sizes`, limits per command in :data:`PARSE_LIMITS`): an oversized upload is refused with
+:class:`ConcreteInputTooLarge`, naming the limit and the size sent, and never reaches the worker.
 """
 
 from __future__ import annotations
@@ -24,7 +33,8 @@ import numpy as np
 
 from polyfhe.concrete.env import ConcreteEnv, find_env
 
-__all__ = ["ConcreteCallError", "ConcreteWorkerDied", "Worker", "array_blob", "blob_array"]
+__all__ = ["DEFAULT_ADDRESS_SPACE_BYTES", "PARSE_LIMITS", "ConcreteCallError", "ConcreteInputTooLarge",
+           "ConcreteWorkerDied", "Worker", "array_blob", "blob_array", "check_blob_sizes"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +42,22 @@ MAGIC = b"PFCW"
 MAX_HEADER = 1 << 20
 MAX_REPLY_BYTES = 8 << 30  # a reply is keys or ciphertexts: bounded even though the worker is our own
 WORKER_SCRIPT = Path(__file__).with_name("worker_main.py")
+# Address space a worker may map (RLIMIT_AS). Virtual, not resident: the interpreter, torch and Concrete's thread
+# arenas reserve several GB they never touch, so the bound sits well above what a worker holds; Concrete's key
+# generation for a large circuit takes tens of GB (the memory watchdog below ends a worker earlier when the
+# machine has less free).
+DEFAULT_ADDRESS_SPACE_BYTES = 48 << 30
+# The most bytes of each kind a worker is sent to parse, by command (blob index -> (limit, what it is)). Concrete
+# ML's evaluation keys for the circuits polyfhe compiles are tens to hundreds of MB and a query's ciphertexts a few
+# MB to tens of MB; the limits leave an order of magnitude of room and stay far below the address-space bound.
+PARSE_LIMITS: dict[str, dict[int, tuple[int, str]]] = {
+    "server_keys": {0: (4 << 30, "evaluation keys")},
+    "server_run": {0: (512 << 20, "ciphertext")},
+    "decrypt": {0: (512 << 20, "result ciphertext")},
+    "compile": {0: (2 << 30, "ONNX model"), 1: (1 << 30, "input set"), 2: (1 << 30, "evaluation inputs")},
+    "encrypt": {0: (1 << 30, "input array")},
+}
+MAX_REQUEST_BYTES = 8 << 30  # every request, whatever its command
 
 
 class ConcreteCallError(RuntimeError):
@@ -45,6 +71,26 @@ class ConcreteCallError(RuntimeError):
 
 class ConcreteWorkerDied(RuntimeError):
     """The worker process ended while it served a call."""
+
+
+class ConcreteInputTooLarge(ValueError):
+    """A byte string over its limit was to be sent to a worker for parsing; nothing was sent."""
+
+
+def check_blob_sizes(command: str, blobs, limits: dict[str, dict[int, tuple[int, str]]] | None = None,
+                     role: str = "Concrete ML") -> None:
+    """Refuse, before anything is sent, a request whose byte strings pass their limits: per blob
+    (:data:`PARSE_LIMITS` by command) and in all (:data:`MAX_REQUEST_BYTES`)."""
+    limits = PARSE_LIMITS if limits is None else limits
+    sizes = [len(b) for b in blobs]
+    for index, size in enumerate(sizes):
+        limit, what = limits.get(command, {}).get(index, (MAX_REQUEST_BYTES, f"blob {index}"))
+        if size > limit:
+            raise ConcreteInputTooLarge(f"the {what} sent to the {role} worker for {command!r} is {size} bytes, over "
+                                        f"the limit of {limit} bytes: refused before it was sent")
+    if sum(sizes) > MAX_REQUEST_BYTES:
+        raise ConcreteInputTooLarge(f"the request {command!r} to the {role} worker carries {sum(sizes)} bytes, "
+                                    f"over the limit of {MAX_REQUEST_BYTES} bytes: refused before it was sent")
 
 
 def array_blob(x: np.ndarray) -> tuple[list[int], bytes]:
@@ -117,11 +163,19 @@ class Worker:
     """One worker process; ``call`` is serialised by a lock (a worker serves one request at a time)."""
 
     def __init__(self, role: str, env: ConcreteEnv | None = None, threads: int | None = None,
-                 memory_limit_bytes: int | None = None) -> None:
+                 memory_limit_bytes: int | None = None,
+                 address_space_bytes: int | None = DEFAULT_ADDRESS_SPACE_BYTES,
+                 parse_limits: dict[str, dict[int, tuple[int, str]]] | None = None) -> None:
         """``memory_limit_bytes``: the worker is ended past it (default: 90% of what the machine has free when
-        a call starts, plus what the worker holds already)."""
+        a call starts, plus what the worker holds already). ``address_space_bytes``: the worker's fixed
+        ``RLIMIT_AS`` (``None``: none). ``parse_limits``: per-command size limits of what it is sent
+        (default :data:`PARSE_LIMITS`)."""
+        if address_space_bytes is not None and address_space_bytes <= 0:
+            raise ValueError(f"address_space_bytes must be positive, not {address_space_bytes}")
         self.role = role
         self.memory_limit_bytes = memory_limit_bytes
+        self.address_space_bytes = address_space_bytes
+        self.parse_limits = PARSE_LIMITS if parse_limits is None else parse_limits
         self.env = env or find_env()
         self.threads = threads
         self._lock = threading.Lock()
@@ -136,7 +190,8 @@ class Worker:
             environ.update(OMP_NUM_THREADS=str(self.threads), RAYON_NUM_THREADS=str(self.threads))
         # its own working folder: Concrete ML writes debugging artifacts (.artifacts/) into the current one
         workdir = tempfile.mkdtemp(prefix="polyfhe-concrete-")
-        proc = subprocess.Popen([str(self.env.python), "-I", str(WORKER_SCRIPT)], stdin=subprocess.PIPE,
+        limit = [] if self.address_space_bytes is None else ["--address-space", str(int(self.address_space_bytes))]
+        proc = subprocess.Popen([str(self.env.python), "-I", str(WORKER_SCRIPT), *limit], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=self._stderr, env=environ, cwd=workdir)
         weakref.finalize(self, _terminate, proc, workdir)
         log.debug("started Concrete ML %s worker (pid %d)", self.role, proc.pid)
@@ -156,7 +211,9 @@ class Worker:
 
     def call(self, command: str, header: dict | None = None, blobs: tuple[bytes, ...] | list = ()) -> tuple[dict, list]:
         """Send one request and wait for its reply. While it runs, a watchdog ends the worker if its memory passes
-        what the machine had free (Concrete's key generation for a large circuit can take tens of GB)."""
+        what the machine had free (Concrete's key generation for a large circuit can take tens of GB). Byte
+        strings over their limit are refused before anything is sent (:class:`ConcreteInputTooLarge`)."""
+        check_blob_sizes(command, blobs, self.parse_limits, f"Concrete ML {self.role}")
         with self._lock:
             if not self.alive:
                 if self._proc is not None:

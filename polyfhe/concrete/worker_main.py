@@ -5,6 +5,10 @@ framed replies on stdout: ``MAGIC`` | uint32 header length | JSON header | blobs
 length. Arrays travel as raw little-endian float64 with their shape in the header: nothing is pickled. Anything
 Concrete ML prints goes to stderr, so stdout carries only frames. One worker serves one role: a compiler, one
 client (its keys never leave this process's memory) or one server (one client's evaluation keys).
+
+``--address-space BYTES``: the process limits its own address space (``RLIMIT_AS``) before it imports anything,
+so Concrete's native code cannot map more while it parses bytes from outside (the parent counts the limit in its
+memory budget); a request whose blobs together pass ``MAX_REQUEST_BYTES`` is refused unread.
 """
 
 import json
@@ -17,6 +21,27 @@ import traceback
 
 MAGIC = b"PFCW"
 MAX_HEADER = 1 << 20
+MAX_REQUEST_BYTES = 8 << 30  # as the parent's bound (polyfhe.concrete.worker.MAX_REQUEST_BYTES)
+
+
+def limit_address_space(limit):
+    """Set this process's RLIMIT_AS (soft and hard) to ``limit`` bytes; the hard limit is lowered only."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def address_space_argument(argv):
+    """The ``--address-space BYTES`` value of ``argv``, or None."""
+    if "--address-space" not in argv:
+        return None
+    value = int(argv[argv.index("--address-space") + 1])
+    if value <= 0:
+        raise ValueError(f"--address-space must be positive, not {value}")
+    return value
 
 
 def read_exact(stream, n):
@@ -38,7 +63,10 @@ def read_frame(stream):
     if size > MAX_HEADER:
         raise ValueError("frame header too large")
     header = json.loads(read_exact(stream, size))
-    blobs = [read_exact(stream, int(n)) for n in header.get("blobs", [])]
+    lengths = [int(n) for n in header.get("blobs", [])]
+    if any(n < 0 for n in lengths) or sum(lengths) > MAX_REQUEST_BYTES:
+        raise ValueError(f"a request of {sum(lengths)} bytes, over the worker's limit of {MAX_REQUEST_BYTES}")
+    blobs = [read_exact(stream, n) for n in lengths]
     return header, blobs
 
 
@@ -122,6 +150,15 @@ def cmd_compile(header, blobs):
     return reply, out
 
 
+def cmd_limits(header, blobs):
+    """This worker's own limits (no Concrete import: the parent's tests read them without Concrete ML)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    return {"address_space": [None if v == resource.RLIM_INFINITY else v for v in (soft, hard)],
+            "max_request_bytes": MAX_REQUEST_BYTES}, []
+
+
 def cmd_client_open(header, blobs):
     from concrete.ml.deployment import FHEModelClient
 
@@ -191,6 +228,9 @@ COMMANDS = {name[4:]: fn for name, fn in globals().items() if name.startswith("c
 
 
 def main():
+    limit = address_space_argument(sys.argv[1:])
+    if limit is not None:
+        limit_address_space(limit)
     protocol = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever Concrete ML prints lands on stderr, never inside a frame
     sys.stdout = sys.stderr

@@ -400,3 +400,66 @@ def test_a_failing_child_reports_its_last_words():
                                                command=[sys.executable, "-c", _NOISY_CHILD, "fail"]))
     message = str(box["error"])
     assert "exit status 3" in message and "go: noisy line" in message
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Concrete workers: a fixed address-space limit and size checks before anything is sent (no Concrete needed:
+# the worker script runs under this interpreter and answers `limits` without importing Concrete ML)
+# ------------------------------------------------------------------------------------------------------------
+class _ThisPython:
+    python = sys.executable
+
+
+def test_a_worker_runs_under_its_address_space_limit():
+    from polyfhe.concrete.worker import DEFAULT_ADDRESS_SPACE_BYTES, Worker
+
+    worker = Worker("server", env=_ThisPython(), address_space_bytes=3 << 30)
+    try:
+        reply, _ = worker.call("limits")
+        assert reply["address_space"] == [3 << 30, 3 << 30]
+    finally:
+        worker.close()
+    assert Worker("server", env=_ThisPython()).address_space_bytes == DEFAULT_ADDRESS_SPACE_BYTES
+    with pytest.raises(ValueError, match="positive"):
+        Worker("server", env=_ThisPython(), address_space_bytes=0)
+
+
+def test_the_limit_stops_an_allocation_past_it():
+    import subprocess
+
+    from polyfhe.concrete.worker import WORKER_SCRIPT
+
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(WORKER_SCRIPT.parent)!r})
+        import worker_main
+        assert worker_main.address_space_argument(["--address-space", "1073741824"]) == 1 << 30
+        assert worker_main.address_space_argument([]) is None
+        worker_main.limit_address_space(1 << 30)
+        try:
+            bytearray(2 << 30)
+        except MemoryError:
+            print("refused")
+    """)
+    out = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "refused", out.stderr
+
+
+def test_blobs_over_their_limit_are_refused_before_they_are_sent():
+    from polyfhe.concrete.worker import PARSE_LIMITS, ConcreteInputTooLarge, Worker, check_blob_sizes
+
+    keys_limit = PARSE_LIMITS["server_keys"][0][0]
+    check_blob_sizes("server_keys", [b"k" * 1000])
+
+    class Huge(bytes):  # a length without the bytes
+        def __len__(self):
+            return keys_limit + 1
+
+    with pytest.raises(ConcreteInputTooLarge, match=rf"evaluation keys sent to the .* is {keys_limit + 1} bytes, "
+                                                    rf"over the limit of {keys_limit} bytes"):
+        check_blob_sizes("server_keys", [Huge()])
+    worker = Worker("server", env=_ThisPython(), parse_limits={"server_run": {0: (100, "ciphertext")}})
+    with pytest.raises(ConcreteInputTooLarge, match="the ciphertext sent to the Concrete ML server worker for "
+                                                    "'server_run' is 101 bytes, over the limit of 100 bytes"):
+        worker.call("server_run", {}, [b"c" * 101])
+    assert worker._proc is None  # nothing started, nothing sent
