@@ -11,7 +11,8 @@
 Every case runs in a fresh process (so peak RSS is the case's own) and reports key generation, key and
 ciphertext sizes, single-sample latency (cold = first run, plaintext diagonals encoded on the fly; warm =
 median of later runs), batch-layout throughput, the error against the plaintext torch model, and the naive
-baseline (``ckks_naive.py``) with the speedup. A rich table, a bar chart and a JSON land in ``--out``.
+baseline (``ckks_naive.py``, timed cold and warm too) with two like-for-like speedups, cold/cold and
+warm/warm. A rich table, a bar chart and a JSON land in ``--out``.
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 MAX_BATCH = 16384  # the slots of N=32768; each batch run is capped at its own program's slots
 # Targets from the issue: (result key, comparison, bound, label).
 TARGETS = {
-    "layer784": [("warm_s", "<=", 0.15, "warm latency (s)"), ("speedup", ">=", 30, "speedup vs naive")],
+    "layer784": [("warm_s", "<=", 0.15, "warm latency (s)"), ("speedup", ">=", 30, "speedup vs naive, warm/warm")],
     "digits_mlp": [("warm_s", "<=", 0.10, "warm latency (s)"), ("max_error", "<=", 1e-4, "max error"),
-                   ("secure", "==", True, "128-bit"), ("speedup", ">=", 30, "speedup vs naive")],
+                   ("secure", "==", True, "128-bit"), ("speedup", ">=", 30, "speedup vs naive, warm/warm")],
     "model": [("warm_s", "<=", 5.0, "warm latency (s)"),
               ("amortised_img_per_s", ">=", 200, "amortised img/s (batch, or single with packed samples)"),
-              ("speedup", ">=", 30, "speedup vs naive")],
+              ("speedup", ">=", 30, "speedup vs naive, warm/warm")],
 }
 
 
@@ -211,6 +212,15 @@ def _batch(model, shape, calibration, xb, export_kwargs) -> dict:
     }
 
 
+def speedups(ours: dict, naive: dict) -> dict:
+    """Naive over ours, like for like: cold/cold (each one's first run) and warm/warm (our median of later runs,
+    the naive baseline's run after its first); ``speedup`` is the warm/warm one (what the targets gate)."""
+    cold = naive["latency_cold_s"] / ours["cold_s"]
+    warm = None if naive.get("latency_warm_s") is None else naive["latency_warm_s"] / ours["warm_s"]
+    return {"speedup_cold": cold, "speedup_warm": warm, "speedup": warm if warm is not None else cold,
+            "speedup_basis": "warm/warm" if warm is not None else "cold/cold"}
+
+
 def run_case(name: str, opts: dict) -> dict:
     """One case end to end; returns plain JSON-able numbers (runs in a child process)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -226,7 +236,7 @@ def run_case(name: str, opts: dict) -> dict:
     ref = _torch_out(model, x[:1])
     naive = run_naive(model, program.params, x[0], ref) if not opts["estimate_naive"] else None
     result["naive"] = naive if naive is not None else estimate_naive(program, program.params)
-    result["speedup"] = result["naive"]["latency_s"] / result["warm_s"]
+    result.update(speedups(result, result["naive"]))
     rates = [result[k] for k in ("batch_img_per_s", "packed_img_per_s") if k in result]
     result["amortised_img_per_s"] = max(rates) if rates else None
     result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -320,9 +330,12 @@ def render(info: dict, results: list[dict]) -> None:
         ("naive: public context", [_fmt(n["public_context_bytes"], "MB") for n in naive]),
         ("naive: per layer", ["\n".join(f"{lay['op']}: {_fmt(lay['seconds'], 's')}" for lay in n["layers"])
                               for n in naive]),
-        ("naive: latency", [_fmt(n["latency_s"], "s") for n in naive]),
+        ("naive: latency cold (1st run)", [_fmt(n["latency_cold_s"], "s") for n in naive]),
+        ("naive: latency warm (2nd run)", [_fmt(n.get("latency_warm_s"), "s") for n in naive]),
         ("naive: max error vs torch", [_fmt(n["max_error"]) for n in naive]),
-        ("speedup (naive / ours warm)", [f"{r['speedup']:.1f}x" for r in results]),
+        ("speedup cold (naive cold / ours cold)", [f"{r['speedup_cold']:.1f}x" for r in results]),
+        ("speedup warm (naive warm / ours warm)", [f"{r['speedup_warm']:.1f}x" if r["speedup_warm"] else "-"
+                                                   for r in results]),
     ]
     for label, values in rows:
         table.add_row(label, *values)
@@ -344,8 +357,12 @@ def bar_chart(results: list[dict], path: Path) -> None:
     names = [r["case"] for r in results]
     pos = np.arange(len(names))
     fig, ax = plt.subplots(figsize=(2.5 + 2 * len(names), 4))
-    ax.bar(pos - 0.2, [r["warm_s"] for r in results], 0.4, label="ours (warm)")
-    ax.bar(pos + 0.2, [r["naive"]["latency_s"] for r in results], 0.4, label="naive TenSEAL ops")
+    bars = (("ours, cold (1st run)", [r["cold_s"] for r in results]),
+            ("naive TenSEAL ops, cold (1st run)", [r["naive"]["latency_cold_s"] for r in results]),
+            ("ours, warm (median)", [r["warm_s"] for r in results]),
+            ("naive TenSEAL ops, warm (2nd run)", [r["naive"].get("latency_warm_s") or 0 for r in results]))
+    for i, (label, values) in enumerate(bars):
+        ax.bar(pos + (i - 1.5) * 0.2, values, 0.2, label=label)
     ax.set_xticks(pos, names)
     ax.set_yscale("log")
     ax.set_ylabel("single-sample latency (s, log)")

@@ -296,6 +296,9 @@ def _counts_table(counts: dict, cache: dict) -> Any:
     for key, label in COUNT_ROWS:
         if key in counts:
             table.add_row(label, str(counts[key]))
+    for key, value in counts.items():  # an engine that only predicts its counts (Lattigo) reports planned_*
+        if key.startswith("planned_"):
+            table.add_row(f"{key.removeprefix('planned_').replace('_', ' ')} (planned, not measured)", str(value))
     if "plaintext_bytes" in counts:
         budget = cache.get("max_bytes")
         limit = f" of {budget / MIB:.0f} MiB" if budget is not None else ""

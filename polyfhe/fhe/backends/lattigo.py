@@ -60,7 +60,8 @@ from polyfhe.fhe.server import (
 )
 from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, WireError, pack, unpack
 
-__all__ = ["BACKEND", "LattigoClient", "LattigoServer", "key_set_bytes", "lattigo_primes", "lower", "modulus_bits"]
+__all__ = ["BACKEND", "LattigoClient", "LattigoServer", "key_set_bytes", "lattigo_primes", "lower", "modulus_bits",
+           "planned_counts"]
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,12 @@ def check_security(params, bootstrap: dict | None = None) -> None:
                              "a smaller scale or a larger ring")
     log.warning("INSECURE CKKS PARAMETERS on Lattigo: %s totals %.2f bits (128-bit bound %s). Never use them for "
                 "real data.", params.describe(), bits, bound)
+
+
+def planned_counts(counts: dict) -> dict:
+    """The lowering's predicted operation counts as run statistics, each key ``planned_*``: the evaluator does not
+    measure them, so nothing reporting them may pass them off as this run's."""
+    return {f"planned_{k}": v for k, v in counts.items()}
 
 
 def key_set_bytes(params, keys: int) -> int:
@@ -455,7 +462,8 @@ class LattigoServer:
             except Exception as exc:  # the evaluator's own checks: scale, level, size, missing keys
                 raise WireError(f"Lattigo refused the input: {exc}") from exc
         seconds = time.perf_counter() - t0
-        self.last_run = RunStats(seconds, dict(self._lowered.counts), {})
+        # Lattigo's evaluator reports no operation counts: these are the lowering's predictions, named as such
+        self.last_run = RunStats(seconds, planned_counts(self._lowered.counts), {})
         log.info("evaluated program %s on Lattigo in %.2f s", self.program.program_id, seconds)
         return pack_result(self.program, [outs[0]], samples, backend=NAME)
 
