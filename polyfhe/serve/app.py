@@ -80,8 +80,6 @@ def _open_session(state: ServerState, reservation: Reservation, model: Model, bo
 
 def _evaluate(state: ServerState, session: Session, body: bytes) -> tuple[bytes, float]:
     t0 = time.perf_counter()
-    if state.config.eval_delay_s:
-        time.sleep(state.config.eval_delay_s)
     out = state.host.run(session.handle, body)
     return out, time.perf_counter() - t0
 
@@ -90,7 +88,7 @@ def make_host(config: ServeConfig, registry: Registry, on_lost, warm: bool = Fal
     """The host of ``config.isolation``: worker processes (each with its share of the plaintext budget) or this
     process."""
     if config.isolation == "thread":
-        return ThreadHost(config.max_context_bytes, config.max_ciphertext_bytes)
+        return ThreadHost(config.max_context_bytes, config.max_ciphertext_bytes, config.eval_delay_s)
     from polyfhe.serve.process_host import ProcessHost
     from polyfhe.serve.worker_main import WorkerSpec
 
@@ -99,7 +97,7 @@ def make_host(config: ServeConfig, registry: Registry, on_lost, warm: bool = Fal
         DEFAULT_PLAINTEXT_BYTES // max(1, ckks)
     spec = WorkerSpec(0, registry.root, per_model // config.worker_processes, config.max_context_bytes,
                       config.max_ciphertext_bytes, config.max_concurrency, config.worker_memory_headroom_bytes,
-                      logging.getLogger().getEffectiveLevel(), warm)
+                      logging.getLogger().getEffectiveLevel(), warm, config.eval_delay_s)
     return ProcessHost(spec, config.worker_processes, on_lost)
 
 

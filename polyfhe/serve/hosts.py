@@ -14,6 +14,7 @@ HTTP layer never sees an engine's exception type.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -96,9 +97,10 @@ class ThreadHost:
 
     name = "thread"
 
-    def __init__(self, max_context_bytes: int, max_ciphertext_bytes: int) -> None:
+    def __init__(self, max_context_bytes: int, max_ciphertext_bytes: int, eval_delay_s: float = 0.0) -> None:
         self.max_context_bytes = max_context_bytes
         self.max_ciphertext_bytes = max_ciphertext_bytes
+        self.eval_delay_s = eval_delay_s  # testing aid: a slow model
 
     def start(self) -> None:
         return None
@@ -109,6 +111,8 @@ class ThreadHost:
         return SessionHandle(model.program, server)
 
     def run(self, handle: SessionHandle, body: bytes) -> bytes:
+        if self.eval_delay_s:
+            time.sleep(self.eval_delay_s)
         return engine_call(handle.key.run, "ciphertext", body)
 
     def close(self, handle: SessionHandle) -> None:

@@ -15,9 +15,11 @@ ML model's keys come from its ``client.zip`` (``GET /v1/models/NAME/client.zip``
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Self
 
 import httpx
@@ -27,14 +29,14 @@ from polyfhe.fhe.client import InputError
 from polyfhe.fhe.params import security_bits_ok
 from polyfhe.fhe.program import ProgramError, ProgramManifest
 
-__all__ = ["InferResult", "RemoteSession", "ServeClient", "ServeError"]
+__all__ = ["InferResult", "RemoteSession", "ServeClient", "ServeError", "read_token"]
 
 log = logging.getLogger(__name__)
 
 OCTETS = {"Content-Type": "application/octet-stream"}
 KEEPALIVE_S = 4.0
 STREAM_CHUNK = 256 << 10
-SESSION_GONE = ("unknown_session", "session_expired")  # the server no longer holds the session's keys
+SESSION_GONE = ("unknown_session", "session_expired", "session_lost")  # the server no longer holds its keys
 
 Progress = Callable[[int, int], None]  # (bytes sent so far, bytes in all) while a large body uploads
 
@@ -99,17 +101,41 @@ def _refusal(response: httpx.Response) -> ServeError:
     return ServeError(response.status_code, code, detail, float(retry) if retry and retry.isdigit() else None)
 
 
+def read_token(path: str | Path) -> str:
+    """The first token of a token file (the format ``polyfhe serve --auth-token-file`` reads)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ServeError(0, "bad_token_file", f"cannot read the token file {path}: {exc}") from None
+    tokens = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not tokens:
+        raise ServeError(0, "bad_token_file", f"the token file {path} holds no token")
+    return tokens[0]
+
+
 class ServeClient:
-    """HTTP access to one server; ``retries`` re-sends a 503 after its Retry-After (at most 30 s each)."""
+    """HTTP access to one server; ``retries`` re-sends a 503 after its Retry-After (at most 30 s each).
+
+    ``token``: a bearer token for servers started with ``--auth-token-file``; ``ca_file``: the certificate
+    authority (PEM) that signed an HTTPS server's certificate (e.g. a self-signed one), instead of the system's."""
 
     def __init__(self, url: str, timeout: float = 900.0, retries: int = 3,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, token: str | None = None,
+                 ca_file: str | Path | None = None) -> None:
         self.url = url.rstrip("/")
         self.retries = retries
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        verify: Any = True
+        if ca_file is not None:
+            try:
+                verify = ssl.create_default_context(cafile=str(ca_file))
+            except (OSError, ssl.SSLError) as exc:
+                raise ServeError(0, "bad_ca_file", f"cannot use {ca_file} as a certificate authority: {exc}") from None
         # Idle connections are dropped here well before the server's keep-alive ends (30 s for
         # `polyfhe serve`), so a request never goes out on a connection the server is closing.
         self._http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout, connect=10.0),
-                                  limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S), transport=transport)
+                                  limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S), transport=transport,
+                                  headers=headers, verify=verify)
 
     def __enter__(self) -> Self:
         return self
@@ -189,7 +215,8 @@ class ServeClient:
                             headers=OCTETS, progress=progress).json()
         upload_s = time.perf_counter() - t0
         log.info("session for model %s opened: %d bytes of public keys in %.2f s", model, len(context), upload_s)
-        return RemoteSession(self, str(info["session_id"]), model, keys, len(context), upload_s, info)
+        return RemoteSession(self, str(info["session_id"]), model, keys, len(context), upload_s, info,
+                             reopen=lambda: self.open_session(model, keys, progress=progress))
 
     def concrete_client(self, model: str, manifest: Any) -> Any:
         """Keys for a Concrete ML model, made from its ``client.zip`` (checked against the manifest's hash)."""
@@ -250,7 +277,7 @@ class RemoteSession:
     info: dict = field(default_factory=dict)
     closed: bool = False
     keep: bool = False  # close() leaves the session on the server (a key folder resumes it later)
-    reopen: Callable[[], RemoteSession] | None = None  # the server forgot the session: open a new one, once
+    reopen: Callable[[], RemoteSession] | None = None  # the server forgot the session: open a new one (once per request)
     uploads: int = 1  # public contexts this object uploaded (0: a resumed session still held by the server)
 
     def __enter__(self) -> Self:
@@ -307,7 +334,7 @@ class RemoteSession:
                 raise
             log.info("the server no longer holds session %s (%s); uploading the public context again",
                      self.id[:8], exc.code)
-        fresh, self.reopen = self.reopen(), None
+        fresh = self.reopen()
         self.id, self.context_bytes, self.upload_seconds, self.info = (fresh.id, fresh.context_bytes,
                                                                        fresh.upload_seconds, fresh.info)
         self.uploads += 1

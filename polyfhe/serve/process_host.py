@@ -21,7 +21,7 @@ from typing import Any
 
 from polyfhe.serve.errors import ApiError
 from polyfhe.serve.hosts import SessionHandle
-from polyfhe.serve.worker_main import WorkerSpec, worker_main
+from polyfhe.serve.worker_main import WorkerSpec, receive_payload, send_payload, worker_main
 
 __all__ = ["ProcessHost", "WorkerLost"]
 
@@ -46,6 +46,7 @@ class _WorkerProcess:
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
+        self._scratch = memoryview(bytearray(1 << 16))
         ctx = multiprocessing.get_context("spawn")  # no fork of a process with an event loop and engine threads
         self.conn, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(target=worker_main, args=(child, spec), name=f"polyfhe-worker-{spec.index}",
@@ -80,16 +81,16 @@ class _WorkerProcess:
             self._pending[rid] = future
         try:
             with self._send_lock:
-                self.conn.send((rid, op, args, payload is not None))
+                self.conn.send((rid, op, args, None if payload is None else len(payload)))
                 if payload is not None:
-                    self.conn.send_bytes(payload)
+                    send_payload(self.conn, payload)
         except (OSError, ValueError) as exc:
             with self._lock:
                 self._pending.pop(rid, None)
             raise WorkerLost(f"worker {self.spec.index} is gone ({type(exc).__name__})") from None
         status, meta, out = future.result()
         if status == "ok":
-            return meta, out
+            return meta, None if out is None else bytes(out)
         if status == "refused":
             raise ApiError(meta["status"], meta["code"], meta["detail"], meta.get("retry_after"),
                            meta.get("extra") or {})
@@ -99,10 +100,13 @@ class _WorkerProcess:
     def _read(self) -> None:
         while True:
             try:
-                rid, status, meta, has_payload = self.conn.recv()
-                out = self.conn.recv_bytes() if has_payload else None
+                rid, status, meta, size = self.conn.recv()
+                out = None if size is None else receive_payload(self.conn, size, self._scratch)
             except (EOFError, OSError):
                 break
+            if size is not None and out is None:
+                status, meta = "refused", {"status": 507, "code": "out_of_memory", "retry_after": 30,
+                                           "detail": "the server has no memory for this result now; retry later"}
             with self._lock:
                 future = self._pending.pop(rid, None)
             if future is not None:

@@ -1,9 +1,11 @@
 """The worker process of ``polyfhe serve``: holds sessions (public keys) and evaluates ciphertexts for them.
 
 It loads the programs folder itself, tells the parent it is ready, then answers requests from the parent's pipe on
-a small thread pool. Requests are ``(request id, op, args, has_payload)`` followed by the payload's bytes; replies
-are ``(request id, status, meta, has_payload)``, status ``ok``, ``refused`` (an :class:`ApiError`'s fields: the
-client's fault) or ``failed`` (a bug: the exception's type only, never its message, which may quote input).
+a small thread pool. Requests are ``(request id, op, args, payload bytes)`` followed by the payload in chunks of at
+most :data:`CHUNK` bytes (so a body this worker cannot hold is read and dropped, answered 507, and the worker goes
+on); replies are ``(request id, status, meta, has_payload)``, status ``ok``, ``refused`` (an :class:`ApiError`'s
+fields: the client's fault) or ``failed`` (a bug: the exception's type only, never its message, which may quote
+input).
 
 The worker asks the kernel's OOM killer to take it before the HTTP server (``oom_score_adj``) and, when the server
 sets one, limits its own address space (``RLIMIT_AS``) to what it holds after loading plus a fixed headroom, so a
@@ -16,6 +18,7 @@ import logging
 import os
 import resource
 import signal
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,9 +29,63 @@ from typing import Any
 from polyfhe.serve.errors import ApiError
 from polyfhe.serve.hosts import engine_call, open_server
 
-__all__ = ["WorkerSpec", "address_space_bytes", "worker_main"]
+__all__ = ["CHUNK", "WorkerSpec", "address_space_bytes", "send_payload", "worker_main"]
 
 log = logging.getLogger(__name__)
+
+CHUNK = 16 << 20  # payload bytes per pipe message
+SCRATCH = 1 << 16  # bytes of the buffer a body that does not fit is read into and dropped
+
+
+def send_payload(conn: Any, payload: bytes | bytearray | memoryview) -> None:
+    """The payload in :data:`CHUNK`-sized messages (the receiver knows the total from the request)."""
+    view = memoryview(payload).cast("B")
+    for start in range(0, len(view), CHUNK):
+        conn.send_bytes(view[start: start + CHUNK])
+
+
+def _read_into(fd: int, view: memoryview) -> None:
+    """Fill ``view`` from ``fd`` (no allocation); EOFError when the pipe closes first."""
+    while len(view):
+        got = os.readv(fd, [view])
+        if got == 0:
+            raise EOFError("the pipe closed in the middle of a message")
+        view = view[got:]
+
+
+def _frame_length(fd: int, header: memoryview) -> int:
+    """The length of the next message ``Connection.send_bytes`` wrote (``!i``, or -1 then ``!Q`` past 2 GiB)."""
+    _read_into(fd, header[:4])
+    (length,) = struct.unpack("!i", header[:4])
+    if length == -1:
+        _read_into(fd, header[:8])
+        (length,) = struct.unpack("!Q", header[:8])
+    return length
+
+
+def receive_payload(conn: Any, size: int, scratch: memoryview) -> bytearray | None:
+    """``size`` payload bytes read straight into one buffer, or None (every byte read into ``scratch`` and
+    dropped) when this process cannot hold them: the pipe stays in step either way. Reads the frames of
+    :func:`send_payload` off the pipe's descriptor itself, since ``Connection`` copies every message."""
+    fd = conn.fileno()
+    try:
+        buffer: bytearray | None = bytearray(size)
+    except MemoryError:
+        buffer = None
+    view = memoryview(buffer) if buffer is not None else None
+    offset = 0
+    header = scratch[:8]
+    while offset < size:
+        length = _frame_length(fd, header)
+        if length > min(CHUNK, size - offset):
+            raise OSError(f"a payload frame of {length} bytes where at most {min(CHUNK, size - offset)} remain")
+        if view is not None:
+            _read_into(fd, view[offset: offset + length])
+        else:
+            for start in range(0, length, len(scratch)):
+                _read_into(fd, scratch[: min(len(scratch), length - start)])
+        offset += length
+    return buffer
 
 
 @dataclass(frozen=True)
@@ -44,6 +101,7 @@ class WorkerSpec:
     memory_headroom_bytes: int | None  # RLIMIT_AS above the loaded worker's size; None: no limit
     log_level: int = logging.WARNING
     warm: bool = False  # encode every SEAL program's plaintexts before answering (``polyfhe serve --warm``)
+    eval_delay_s: float = 0.0  # testing aid: every evaluation sleeps this long first (a slow model)
 
 
 def address_space_bytes() -> int | None:
@@ -85,15 +143,16 @@ class _Worker:
         self.conn, self.spec, self.registry = conn, spec, registry
         self.sessions: dict[str, Any] = {}
         self.send_lock = threading.Lock()
+        self.scratch = memoryview(bytearray(SCRATCH))  # made before the address space is capped
         self.pool = ThreadPoolExecutor(max_workers=spec.threads, thread_name_prefix=f"worker{spec.index}")
         for future in [self.pool.submit(time.sleep, 0.01) for _ in range(spec.threads)]:
             future.result()  # every thread exists before the address space is capped
 
     def reply(self, rid: int, status: str, meta: dict, payload: bytes | None = None) -> None:
         with self.send_lock:
-            self.conn.send((rid, status, meta, payload is not None))
+            self.conn.send((rid, status, meta, None if payload is None else len(payload)))
             if payload is not None:
-                self.conn.send_bytes(payload)
+                send_payload(self.conn, payload)
 
     def handle(self, rid: int, op: str, args: tuple, payload: bytes | None) -> None:
         try:
@@ -122,6 +181,8 @@ class _Worker:
             if server is None:
                 raise ApiError(410, "session_lost", "this worker no longer holds the session's keys; open a new "
                                "session with the same public context")
+            if self.spec.eval_delay_s:
+                time.sleep(self.spec.eval_delay_s)
             out = engine_call(server.run, "ciphertext", payload)
             return {}, out
         if op == "close":
@@ -134,13 +195,16 @@ class _Worker:
     def serve(self) -> None:
         while True:
             try:
-                rid, op, args, has_payload = self.conn.recv()
-                payload = self.conn.recv_bytes() if has_payload else None
+                rid, op, args, size = self.conn.recv()
+                payload = None if size is None else receive_payload(self.conn, size, self.scratch)
             except (EOFError, OSError):
                 return  # the parent went away (or closed us): nothing left to answer
-            except MemoryError:  # a body this worker cannot hold: the pipe is out of step now, so start afresh
-                log.error("worker %d: out of memory receiving a request; exiting", self.spec.index)
-                os._exit(3)
+            if size is not None and payload is None:
+                log.warning("worker %d: a %d-byte body does not fit this worker's memory", self.spec.index, size)
+                self.reply(rid, "refused", {"status": 507, "code": "out_of_memory", "retry_after": 30, "extra": {},
+                                            "detail": f"the server's worker has no memory for a {size}-byte body "
+                                                      "now; retry later or use a smaller program"})
+                continue
             self.pool.submit(self.handle, rid, op, args, payload)
 
 
