@@ -2,12 +2,20 @@
 
 Exit codes: 0 trained; 1 training diverged (NaN loss; the last good checkpoint is kept); 2 bad input
 (unknown model or option, missing data set, unreadable or mismatched checkpoint).
+
+Data-parallel: ``--nproc N`` starts N processes on this machine through torch.distributed.run (torchrun), one per
+GPU on CUDA, gloo on CPU; ``--batch-size`` is the global batch. For several machines run torchrun yourself:
+``torchrun --nnodes M --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint HOST:PORT -m polyfhe train ...``
+(docs/training.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -69,6 +77,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-normalize", action="store_true", help="feed images in [0, 1] without mean/std")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="train data-parallel in N processes on this machine (torchrun; one per GPU on CUDA)")
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="extra model option, VALUE as JSON (e.g. --model-arg 'dims=[32]'); repeatable")
     for flag, name, kind, text in _OPTIONS:
@@ -121,6 +131,63 @@ def _summary(result) -> Table:
     return table
 
 
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The ``polyfhe train`` command line each torchrun worker runs: this one without ``--nproc``."""
+    argv = ["-v"] * getattr(args, "verbose", 0) + [
+        "train", "--model", args.model, "--data", str(args.data), "--epochs", str(args.epochs), "--out", str(args.out),
+        "--device", args.device]
+    if args.data_root is not None:
+        argv += ["--data-root", str(args.data_root)]
+    for name in ("optimizer", "amp", "augment", "threads"):
+        if getattr(args, name) is not None:
+            argv += [f"--{name}", str(getattr(args, name))]
+    for flag, attr in (("--compile", "compile"), ("--no-normalize", "no_normalize"), ("--no-progress", "no_progress")):
+        if getattr(args, attr):
+            argv.append(flag)
+    for item in args.model_arg:
+        argv += ["--model-arg", item]
+    for flag, name, _, _ in _OPTIONS:
+        if getattr(args, name) is not None:
+            argv += [flag, str(getattr(args, name))]
+    return argv
+
+
+def launch_command(args: argparse.Namespace) -> list[str]:
+    """torch.distributed.run on this machine alone (``--standalone`` picks a free port), N copies of the run."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+            "--nproc-per-node", str(args.nproc), "-m", "polyfhe", *worker_argv(args)]
+
+
+def _check_before_launch(args: argparse.Namespace) -> None:
+    """Refuse what every worker would refuse, before N of them start."""
+    from polyfhe.models.registry import model_entry
+
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
+    model_entry(args.model)
+    cfg = TrainConfig.from_dict({"model": args.model, "data": str(args.data), "epochs": args.epochs,
+                                 "out_dir": str(args.out), "device": args.device, **options_from_args(args)})
+    if cfg.batch_size % args.nproc:
+        raise ValueError(f"--batch-size {cfg.batch_size} is the global batch and must split evenly over "
+                         f"{args.nproc} processes; use a multiple of {args.nproc}")
+    if cfg.device.startswith("cuda:"):
+        raise ValueError(f"--device {cfg.device} names one GPU; with --nproc use --device cuda (one GPU per process)")
+
+
+def launch(args: argparse.Namespace, err: Console) -> int:
+    try:
+        _check_before_launch(args)
+    except (KeyError, ValueError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        err.print(f"[red]error[/]: {escape(str(message))}", soft_wrap=True)
+        return EXIT_BAD_INPUT
+    command = launch_command(args)
+    # torchrun would set OMP_NUM_THREADS=1 with a warning; say it here instead, and keep a value the user set
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(args.threads or 1))}
+    # torchrun answers 1 for any failed worker (a diverged run too); the workers' own messages say what failed
+    return subprocess.run(command, env=env, check=False).returncode
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -128,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=False)
     err = Console(stderr=True)
+    if args.nproc is not None:
+        return launch(args, err)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -140,5 +209,6 @@ def run(args: argparse.Namespace) -> int:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         err.print(f"[red]error[/]: {escape(str(message))}", soft_wrap=True)
         return EXIT_BAD_INPUT
-    console.print(_summary(result))
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one summary: rank 0's
+        console.print(_summary(result))
     return EXIT_OK

@@ -1,7 +1,8 @@
 """``polyfhe.train``: data -> splits -> registry model -> :func:`~polyfhe.training.loop.fit` -> files on disk.
 
 ``out_dir`` receives the checkpoint (``model.safetensors`` + ``config.json``), ``metrics.json``, ``log.csv``,
-``curves.png`` and ``last/`` (the resumable state of the latest epoch).
+``curves.png`` and ``last/`` (the resumable state of the latest epoch). Under torchrun every process calls
+``train`` and returns the same result; rank 0 alone writes the files (see :mod:`polyfhe.training.distributed`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from polyfhe.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info, save_checkpoint
@@ -20,6 +22,7 @@ from polyfhe.data.sources import ImageDataset, open_dataset
 from polyfhe.models.registry import create_model, model_entry
 from polyfhe.training.config import TrainConfig
 from polyfhe.training.data import Normalization, Splits, make_splits
+from polyfhe.training.distributed import DistContext, setup, teardown
 from polyfhe.training.loop import LAST_DIR, evaluate, fit
 from polyfhe.training.metrics import (
     LOG_FILE,
@@ -110,6 +113,8 @@ def train(
     """Train a registry model on a data source (name, path or :class:`ImageDataset`) and write the run to ``out_dir``.
 
     ``options`` are :class:`TrainConfig` fields (``batch_size``, ``lr``, ``ema_decay``, ``resume``, ...).
+    Started by torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` set), it trains data-parallel over all processes;
+    ``batch_size`` is then the global batch.
     """
     start = time.perf_counter()
     model_entry(model_name)  # unknown names fail before any data is read, listing the registry
@@ -117,8 +122,17 @@ def train(
     data_label = ds.name if isinstance(data, ImageDataset) else str(data)
     cfg = TrainConfig.from_dict({"model": model_name, "data": data_label, "epochs": epochs,
                                  "out_dir": str(out_dir), "device": device, **options})
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    ctx, dist_device = setup(cfg.device)
+    try:
+        return _train(cfg, ds, Path(out_dir), start, ctx, dist_device)
+    finally:
+        teardown(ctx)
+
+
+def _train(cfg: TrainConfig, ds: ImageDataset, out: Path, start: float, ctx: DistContext,
+           dist_device: torch.device | None) -> TrainResult:
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
     splits = make_splits(ds, val_fraction=cfg.val_fraction, seed=cfg.seed, normalize=cfg.normalize,
                          train_subset=cfg.train_subset)
     if cfg.resume:
@@ -130,12 +144,13 @@ def train(
         kwargs = dict(info.model_kwargs)
     else:
         kwargs = model_kwargs_for(cfg, splits)
+    torch.manual_seed(cfg.seed)  # the initial weights follow --seed (and are the same on every rank)
     model = _build(cfg, kwargs)
-    outcome = fit(cfg, splits, model, kwargs, out)
+    outcome = fit(cfg, splits, model, kwargs, out, ctx=ctx, device=dist_device)
 
     # float32 even after bf16 training: the test accuracy is that of the model that gets exported (float32/CKKS)
     test_loss, test_acc = evaluate(outcome.model, splits.x_test, splits.y_test, splits.normalization,
-                                   device=outcome.device, batch_size=cfg.eval_batch_size, amp=False)
+                                   device=outcome.device, batch_size=cfg.eval_batch_size, amp=False, ctx=ctx)
     history = tuple(outcome.state.history)
     last = history[-1] if history else None
     val_acc = None if last is None else (last.val_accuracy_ema if outcome.weights == "ema" else last.val_accuracy)
@@ -144,8 +159,12 @@ def train(
         epochs=outcome.state.epoch, steps=outcome.state.step, wall_time_s=outcome.state.elapsed_s,
         weights=outcome.weights, device=str(outcome.device), amp="bf16" if outcome.amp else "off",
         parameters=count_parameters(outcome.model), stopped_early=outcome.stopped_early, history=history,
+        processes=ctx.world_size,
     )
     final = outcome.model.to("cpu").eval()
+    if not ctx.is_main:
+        ctx.barrier()  # returns once rank 0 has written the files
+        return TrainResult(out, metrics, splits.normalization, splits.classes, cfg, final)
     save_checkpoint(final, out, model_name=cfg.model, model_kwargs=kwargs, epoch=outcome.state.epoch, extra={
         "normalization": splits.normalization.to_dict(), "classes": list(splits.classes), "data": splits.name,
         "weights": outcome.weights, "test_accuracy": test_acc, "val_accuracy": val_acc, "train_config": cfg.to_dict(),
@@ -154,6 +173,7 @@ def train(
     write_log(out / LOG_FILE, history)
     if history:
         plot_curves(out / PLOT_FILE, history, f"{cfg.model} on {splits.name}")
+    ctx.barrier()
     log.info("trained %s: test accuracy %.4f (%s weights) in %.1f s (this call %.1f s); files in %s",
              cfg.model, test_acc, outcome.weights, metrics.wall_time_s, time.perf_counter() - start, out)
     return TrainResult(out, metrics, splits.normalization, splits.classes, cfg, final)

@@ -6,11 +6,16 @@ ignored (inductor needs a C++ toolchain there and takes minutes on small machine
 waits for the GPU: batches are indexed on the device, and the losses are read back every
 :data:`LOSS_READ_EVERY` steps, not after each (the small FHE recipes are launch-bound, and a read per step
 idles the GPU while the next step is queued).
+
+Under torchrun the same loop runs in every process (:mod:`polyfhe.training.distributed`): each takes its share of
+every global batch, DistributedDataParallel averages the gradients, losses and accuracies are summed over the
+ranks, and rank 0 alone keeps the EMA, writes ``last/`` and reports progress.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import os
@@ -24,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from polyfhe.checkpoint import load_checkpoint, save_checkpoint
@@ -37,6 +43,7 @@ from polyfhe.training.data import (
     steps_per_epoch,
     to_device,
 )
+from polyfhe.training.distributed import SINGLE, DistContext, restore_batch_norms, sync_batch_norms
 from polyfhe.training.metrics import EpochRecord
 from polyfhe.training.recipe import (
     ModelEma,
@@ -103,31 +110,49 @@ class PendingLosses:
 
     def __init__(self, every: int) -> None:
         self.every = every
-        self._steps: list[tuple[int, Tensor, int, float]] = []  # step (from 1), loss, batch size, lr
+        self._steps: list[tuple[int, Tensor, int, float, int]] = []  # step (from 1), loss, batch size, lr, local
 
-    def add(self, step: int, loss: Tensor, size: int, lr: float) -> None:
-        self._steps.append((step, loss.detach(), size, lr))
+    def add(self, step: int, loss: Tensor, size: int, lr: float, local: int | None = None) -> None:
+        """``size``: the (global) batch; ``local``: how many of its images ``loss`` averages (default all)."""
+        self._steps.append((step, loss.detach(), size, lr, size if local is None else local))
 
     @property
     def due(self) -> bool:
         return len(self._steps) >= self.every
 
-    def drain(self) -> list[tuple[int, float, int, float]]:
-        """``(step, loss, batch size, lr)`` of every pending step, oldest first."""
+    def drain(self, ctx: DistContext = SINGLE) -> list[tuple[int, float, int, float]]:
+        """``(step, loss, batch size, lr)`` of every pending step, oldest first; the loss of the global batch."""
+        return self.drain_with_flag(ctx, False)[0]
+
+    def drain_with_flag(self, ctx: DistContext, flag: bool) -> tuple[list[tuple[int, float, int, float]], bool]:
+        """:meth:`drain`, and whether ``flag`` is set on any rank: one all-reduce carries both (every rank has
+        the same pending steps, so all of them join it)."""
         if not self._steps:
-            return []
-        values = torch.stack([loss for _, loss, _, _ in self._steps]).float().tolist()
-        drained = [(step, value, size, lr) for (step, _, size, lr), value in zip(self._steps, values, strict=True)]
+            return [], flag
+        losses = torch.stack([loss for _, loss, _, _, _ in self._steps]).float()
+        if ctx.enabled:  # sum of loss x local images over the ranks, divided by the global batch
+            local = torch.tensor([n for *_, n in self._steps], dtype=torch.float32, device=losses.device)
+            packed = ctx.all_reduce_sum(torch.cat([losses * local, losses.new_full((1,), float(flag))]))
+            sizes = torch.tensor([size for _, _, size, _, _ in self._steps], dtype=torch.float32,
+                                 device=losses.device)
+            losses, flag = packed[:-1] / sizes, bool(packed[-1] > 0)
+        values = losses.tolist()
+        drained = [(step, value, size, lr) for (step, _, size, lr, _), value in zip(self._steps, values, strict=True)]
         self._steps.clear()
-        return drained
+        return drained, flag
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: Tensor, y: Tensor, norm: Normalization, *, device: torch.device,
-             batch_size: int, amp: bool) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of ``model`` in eval mode (restores the previous mode)."""
+             batch_size: int, amp: bool, ctx: DistContext = SINGLE) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` in eval mode (restores the previous mode); distributed, each
+    rank evaluates its share of ``x`` and the sums are reduced, so every rank returns the numbers of all of ``x``."""
     if len(x) == 0:
         return math.nan, math.nan
+    total = len(x)
+    if ctx.enabled:
+        part = ctx.shard(total)
+        x, y = x[part], y[part]
     was_training = model.training
     model.eval()
     loss_sum, correct = 0.0, 0
@@ -139,7 +164,10 @@ def evaluate(model: nn.Module, x: Tensor, y: Tensor, norm: Normalization, *, dev
         loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
         correct += int((logits.argmax(1) == yb).sum())
     model.train(was_training)
-    return loss_sum / len(x), correct / len(x)
+    if ctx.enabled:
+        sums = ctx.all_reduce_sum(torch.tensor([loss_sum, float(correct)], dtype=torch.float64, device=device))
+        loss_sum, correct = float(sums[0]), int(sums[1])
+    return loss_sum / total, correct / total
 
 
 @dataclass
@@ -211,10 +239,10 @@ def _diverged(what: str, step: int, state: RunState, out_dir: Path, lr: float) -
                             f"Hint: {DIVERGED_HINT}", step, state.epoch + 1)
 
 
-def _read_losses(pending: PendingLosses, bar: tqdm, state: RunState, out_dir: Path) -> float:
-    """Sum of loss x batch size over the pending steps; the first non-finite loss stops the run, naming its step."""
+def _read_losses(drained: list[tuple[int, float, int, float]], bar: tqdm, state: RunState, out_dir: Path) -> float:
+    """Sum of loss x batch size over drained steps; the first non-finite loss stops the run, naming its step."""
     total = 0.0
-    for step, value, size, lr in pending.drain():
+    for step, value, size, lr in drained:
         if not math.isfinite(value):
             bar.close()
             raise _diverged(f"loss became {value}", step, state, out_dir, lr)
@@ -252,20 +280,52 @@ class FitOutcome:
     stopped_early: str | None
 
 
-def fit(cfg: TrainConfig, splits: Splits, model: nn.Module, model_kwargs: dict, out_dir: Path) -> FitOutcome:
-    """Train ``model`` on ``splits`` as ``cfg`` says; writes ``out_dir/last/`` after every epoch."""
+def _wrap_ddp(model: nn.Module, ctx: DistContext, device: torch.device) -> nn.Module:
+    """DistributedDataParallel over ``model``; buffers are not broadcast each step, since the synchronised
+    BatchNorms keep their running statistics equal on every rank."""
+    device_ids = [device.index] if device.type == "cuda" else None
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:  # torch >= 2.12
+        return DistributedDataParallel(model, device_ids=device_ids, forward_sync_buffers=False)
+    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+
+
+def _share_rank0_weights(model: nn.Module, ema: ModelEma | None, ctx: DistContext) -> nn.Module:
+    """The EMA weights (kept by rank 0 only) on every rank, in ``model``'s place on the others."""
+    chosen = ema.module if ctx.is_main and ema is not None else model
+    if ctx.enabled:
+        import torch.distributed as dist
+
+        for tensor in chosen.state_dict().values():
+            dist.broadcast(tensor, src=0)
+    return chosen
+
+
+def fit(cfg: TrainConfig, splits: Splits, model: nn.Module, model_kwargs: dict, out_dir: Path, *,
+        ctx: DistContext = SINGLE, device: torch.device | None = None) -> FitOutcome:
+    """Train ``model`` on ``splits`` as ``cfg`` says; writes ``out_dir/last/`` after every epoch (rank 0).
+
+    ``ctx`` and ``device`` come from :func:`polyfhe.training.distributed.setup` under torchrun; ``cfg.batch_size``
+    is then the global batch, split over the ranks.
+    """
     start = time.perf_counter()
-    device = resolve_device(cfg.device)
+    device = device or resolve_device(cfg.device)
     amp = resolve_amp(cfg.amp, device)
+    if ctx.enabled and cfg.batch_size % ctx.world_size:
+        raise ValueError(f"batch_size {cfg.batch_size} is the global batch and must split evenly over "
+                         f"{ctx.world_size} processes; use a multiple of {ctx.world_size}")
     torch.manual_seed(cfg.seed)
     model.to(device)
-    train_model = maybe_compile(model, cfg.compile, device)
+    # rank 0 alone keeps the EMA: a copy of the plain model, made before the BatchNorms are synchronised
+    ema = ModelEma(model, cfg.ema_decay) if cfg.ema_decay > 0 and ctx.is_main else None
+    swaps = sync_batch_norms(model) if ctx.enabled else []
     optimizer = build_optimizer(cfg.optimizer, model, cfg.lr, cfg.weight_decay)
-    ema = ModelEma(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)  # the same on every rank: one batch order, one augmentation
     rng = np.random.default_rng(cfg.seed)
     state = load_last(cfg.resume, cfg, model, optimizer, ema, gen, rng) if cfg.resume else RunState()
     prior_elapsed = state.elapsed_s
+    train_model = maybe_compile(_wrap_ddp(model, ctx, device) if ctx.enabled else model, cfg.compile, device)
+    if ctx.rank:
+        torch.manual_seed(cfg.seed + ctx.rank)  # dropout and drop-path masks differ between ranks
 
     norm, n_classes = splits.normalization, splits.num_classes
     mean, std = norm.tensors(device)  # once: building them per step would sync the GPU every step
@@ -277,9 +337,12 @@ def fit(cfg: TrainConfig, splits: Splits, model: nn.Module, model_kwargs: dict, 
     stopped: str | None = None  # a hard stop inside an epoch
     shortened: str | None = None  # fewer epochs planned to fit the time budget
     lr = cosine_lr(state.step, total_steps, warmup, cfg.lr, cfg.min_lr)
-    log.info("training %s on %s: %d train / %d val images, %d steps/epoch, device %s, bf16 %s",
-             cfg.model, splits.name, len(x_train), len(splits.x_val), spe, device, amp)
+    if ctx.is_main:
+        log.info("training %s on %s: %d train / %d val images, %d steps/epoch, device %s, bf16 %s%s",
+                 cfg.model, splits.name, len(x_train), len(splits.x_val), spe, device, amp,
+                 f", {ctx.world_size} processes ({ctx.backend})" if ctx.enabled else "")
     pending = PendingLosses(loss_read_interval(device))
+    show = cfg.progress and ctx.is_main
 
     planned = cfg.epochs
     while state.epoch < planned:
@@ -291,23 +354,34 @@ def fit(cfg: TrainConfig, splits: Splits, model: nn.Module, model_kwargs: dict, 
         loss_sum, seen = 0.0, 0
         correct = torch.zeros((), dtype=torch.long, device=device)  # summed on the device: no extra sync per step
         # disable=None: tqdm stays quiet when stderr is not a terminal (logs, CI), shows the bar when it is
-        bar = tqdm(total=spe, desc=f"epoch {epoch + 1}/{planned}", disable=None if cfg.progress else True,
-                   leave=False)
+        bar = tqdm(total=spe, desc=f"epoch {epoch + 1}/{planned}", disable=None if show else True, leave=False)
         for idx in batch_indices(len(x_train), cfg.batch_size, gen, drop_last=True):
             lr = cosine_lr(state.step, total_steps, warmup, cfg.lr, cfg.min_lr)
             set_lr(optimizer, lr)
             idx = to_device(idx, device)
+            # augmentation and mixing see the whole global batch (mixup pairs image i with image B-1-i), so
+            # every rank draws the same random numbers; each then keeps its own share
             xb, yb = augment(x_train[idx], gen), y_train[idx]
             xb, targets = mix_batch(xb, smooth_one_hot(yb, n_classes, cfg.label_smoothing),
                                     mixup=cfg.mixup, cutmix=cfg.cutmix, prob=cfg.mix_prob, rng=rng)
+            if ctx.enabled:
+                part = ctx.shard(len(idx))
+                xb, yb, targets = xb[part], yb[part], targets[part]
             with autocast(device, amp):
                 logits = train_model((xb - mean) / std)
             loss = soft_cross_entropy(logits, targets)
-            pending.add(state.step + 1, loss, len(idx), lr)
+            pending.add(state.step + 1, loss, len(idx), lr, local=len(yb))
+            over = cfg.time_budget_s is not None and time.perf_counter() - start > cfg.time_budget_s
             if pending.due:
-                loss_sum += _read_losses(pending, bar, state, out_dir)
+                drained, over = pending.drain_with_flag(ctx, over)  # ranks stop together: any over budget stops all
+                loss_sum += _read_losses(drained, bar, state, out_dir)
+            elif ctx.enabled:
+                over = False  # decided where every rank joins the reduction of the losses
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            # DDP averages the ranks' gradients; a share smaller than the others' (only when the data holds fewer
+            # images than one batch) is weighted by its size, so the step is that of the whole batch's mean loss
+            scale = len(yb) * ctx.world_size / len(idx) if ctx.enabled else 1.0
+            (loss * scale if scale != 1.0 else loss).backward()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
@@ -317,52 +391,62 @@ def fit(cfg: TrainConfig, splits: Splits, model: nn.Module, model_kwargs: dict, 
             correct += (logits.detach().argmax(1) == yb).sum()  # against the unmixed labels
             seen += len(idx)
             bar.update(1)
-            if cfg.time_budget_s is not None and time.perf_counter() - start > cfg.time_budget_s:
+            if over:
                 stopped = f"time budget of {cfg.time_budget_s:g} s reached at step {state.step}"
                 break
-        loss_sum += _read_losses(pending, bar, state, out_dir)
+        loss_sum += _read_losses(pending.drain(ctx), bar, state, out_dir)
         bar.close()
+        ctx.all_reduce_sum(correct)
         if not _all_finite(model):
             raise _diverged("weights became non-finite", state.step, state, out_dir, lr)
         eval_args = {"device": device, "batch_size": cfg.eval_batch_size, "amp": amp}
-        val_loss, val_acc = evaluate(model, splits.x_val, splits.y_val, norm, **eval_args)
+        val_loss, val_acc = evaluate(model, splits.x_val, splits.y_val, norm, **eval_args, ctx=ctx)
         val_acc_ema = evaluate(ema.module, splits.x_val, splits.y_val, norm, **eval_args)[1] if ema else math.nan
+        if ctx.enabled and cfg.ema_decay > 0:
+            val_acc_ema = ctx.broadcast(val_acc_ema)
+        has_ema = ema is not None or (ctx.enabled and cfg.ema_decay > 0)
         state.epoch = epoch + 1
         has_val = len(splits.x_val) > 0
-        if has_val and not math.isfinite(val_loss):
+        if has_val and not math.isfinite(val_loss) and ctx.is_main:
             log.warning("epoch %d: validation loss is %s in eval mode (running statistics); deep BN polynomial "
                         "nets blow up until their statistics settle, more epochs or a lower lr usually help",
                         state.epoch, val_loss)
         record = EpochRecord(
             state.epoch, lr, loss_sum / max(seen, 1), int(correct) / max(seen, 1),
             val_loss if has_val else None, val_acc if has_val else None,
-            val_acc_ema if has_val and ema else None, time.perf_counter() - epoch_start,
+            val_acc_ema if has_val and has_ema else None, time.perf_counter() - epoch_start,
         )
         state.history.append(record)
         state.elapsed_s = prior_elapsed + time.perf_counter() - start
-        save_last(out_dir, model, cfg, model_kwargs, state, optimizer, ema, gen, rng, norm)
-        summary = epoch_summary(record, planned)
-        log.info("%s", summary)
-        if cfg.progress:
-            tqdm.write(summary)  # one persistent line per epoch under the (transient) progress bars
+        if ctx.is_main:
+            save_last(out_dir, model, cfg, model_kwargs, state, optimizer, ema, gen, rng, norm)
+            summary = epoch_summary(record, planned)
+            log.info("%s", summary)
+            if show:
+                tqdm.write(summary)  # one persistent line per epoch under the (transient) progress bars
         if stopped:
-            log.warning("stopping early: %s", stopped)
+            if ctx.is_main:
+                log.warning("stopping early: %s", stopped)
             break
         if cfg.time_budget_s is not None:
             elapsed = time.perf_counter() - start
-            fitted = epochs_within_budget(planned, state.epoch, record.seconds, cfg.time_budget_s - elapsed)
+            fitted = ctx.broadcast(epochs_within_budget(planned, state.epoch, record.seconds,
+                                                        cfg.time_budget_s - elapsed))  # rank 0's clock decides
             if fitted < planned:
                 planned, total_steps = fitted, spe * fitted  # the cosine schedule now ends at the new last epoch
                 shortened = f"time budget of {cfg.time_budget_s:g} s: {planned} of {cfg.epochs} epochs"
-                log.warning("%s (schedule shortened after epoch %d)", shortened, state.epoch)
+                if ctx.is_main:
+                    log.warning("%s (schedule shortened after epoch %d)", shortened, state.epoch)
 
+    del train_model
+    restore_batch_norms(swaps)
     chosen, weights = model, "raw"
-    if ema is not None:
+    if cfg.ema_decay > 0:
         last = state.history[-1] if state.history else None
         raw_acc = last.val_accuracy if last else None
         ema_acc = last.val_accuracy_ema if last else None
-        if raw_acc is None or ema_acc is None or ema_acc >= raw_acc:
-            chosen, weights = ema.module, "ema"
+        if raw_acc is None or ema_acc is None or ema_acc >= raw_acc:  # the same numbers on every rank
+            chosen, weights = _share_rank0_weights(model, ema, ctx), "ema"
     chosen.eval()
     state.elapsed_s = prior_elapsed + time.perf_counter() - start
     return FitOutcome(chosen, weights, state, device, amp, stopped or shortened)

@@ -53,6 +53,7 @@ class TrainMetrics:
     parameters: int
     stopped_early: str | None = None
     history: tuple[EpochRecord, ...] = field(default_factory=tuple)
+    processes: int = 1  # data-parallel processes (torchrun's world size)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "history": [r.to_dict() for r in self.history]}
