@@ -44,11 +44,13 @@ def add_parser(subparsers: Any) -> None:
     infer.add_argument("--json", action="store_true", help="print one JSON object per sample (JSON Lines)")
     infer.add_argument("--timeout", type=float, default=900.0, help="seconds per HTTP request (default 900)")
     client_keys.add_insecure_argument(infer)
+    client_keys.add_connection_arguments(infer)
     infer.set_defaults(func=run_infer)
     client_keys.add_parser(sub)
     models = sub.add_parser("models", help="list the server's models")
     models.add_argument("--server", default=DEFAULT_SERVER, metavar="URL")
     models.add_argument("--json", action="store_true", help="print the server's JSON")
+    client_keys.add_connection_arguments(models)
     models.set_defaults(func=run_models)
 
 
@@ -58,7 +60,7 @@ class _BadInput(Exception):
 
 def run_infer(args: argparse.Namespace) -> int:
     from polyfhe.fhe.keydir import KeyDir, KeyDirError
-    from polyfhe.serve.http_client import ServeClient, ServeError
+    from polyfhe.serve.http_client import ServeError
 
     keydir = None if args.keys is None else KeyDir(args.keys)
     try:
@@ -69,7 +71,8 @@ def run_infer(args: argparse.Namespace) -> int:
     if not model:
         return _fail("name the model with --model NAME (see `polyfhe client models`)", EXIT_BAD_INPUT)
     try:
-        with ServeClient(args.server or record.get("server") or DEFAULT_SERVER, timeout=args.timeout) as api:
+        with client_keys.connect(args, args.server or record.get("server") or DEFAULT_SERVER,
+                                 timeout=args.timeout) as api:
             return _infer(args, api, model, keydir)
     except ServeError as exc:
         return _fail(exc, EXIT_SERVER)
@@ -134,10 +137,10 @@ def _session(api: Any, model: str, manifest: Any, keydir: Any) -> Any:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from polyfhe.serve.http_client import ServeClient, ServeError
+    from polyfhe.serve.http_client import ServeError
 
     try:
-        with ServeClient(args.server) as api:
+        with client_keys.connect(args, args.server) as api:
             models = api.models()
     except ServeError as exc:
         print(f"error: {exc}", file=sys.stderr)

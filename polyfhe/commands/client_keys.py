@@ -29,6 +29,22 @@ def add_insecure_argument(parser: argparse.ArgumentParser) -> None:
                              "experiments only; refused otherwise)")
 
 
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """How to reach a server that asks for a token or serves HTTPS with its own certificate authority."""
+    parser.add_argument("--auth-token-file", type=Path, metavar="FILE",
+                        help="bearer token for a server started with --auth-token-file (the file's first token)")
+    parser.add_argument("--ca-file", type=Path, metavar="PEM",
+                        help="certificate authority that signed an HTTPS server's certificate (e.g. self-signed)")
+
+
+def connect(args: argparse.Namespace, url: str, **kwargs: Any) -> Any:
+    """A ServeClient for ``url`` with the token and certificate authority the arguments name."""
+    from polyfhe.serve.http_client import ServeClient, read_token
+
+    token = None if getattr(args, "auth_token_file", None) is None else read_token(args.auth_token_file)
+    return ServeClient(url, token=token, ca_file=getattr(args, "ca_file", None), **kwargs)
+
+
 def add_parser(sub: Any) -> None:
     keys = sub.add_parser("keys", help="make keys once and keep them in a folder (for --keys KEYDIR)",
                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,6 +59,7 @@ def add_parser(sub: Any) -> None:
     create.add_argument("--force", action="store_true", help="replace keys already in KEYDIR")
     create.add_argument("--json", action="store_true", help="print the key record as JSON")
     add_insecure_argument(create)
+    add_connection_arguments(create)
     create.set_defaults(func=run_create)
 
 
@@ -82,9 +99,7 @@ def _manifest(args: argparse.Namespace) -> tuple[Any, str | None, str | None]:
         manifest = load_program(args.program).manifest
         require_secure(manifest.params, args.allow_insecure, "create keys for")
         return manifest, None, None
-    from polyfhe.serve.http_client import ServeClient
-
-    with ServeClient(args.server) as api:
+    with connect(args, args.server) as api:
         return api.manifest(args.model, allow_insecure=args.allow_insecure), api.url, args.model
 
 

@@ -130,12 +130,18 @@ def tls_options(args: argparse.Namespace) -> dict:
     return {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
 
 
-def insecure_models(registry: Any) -> list[str]:
-    """The served CKKS models whose parameters are below 128-bit security."""
-    from polyfhe.fhe.params import security_bits_ok
+def require_secure_models(registry: Any, allow_insecure: bool) -> None:
+    """Every served CKKS model through the library's one security check (``require_secure``); raises
+    ``InsecureParametersError`` naming the model."""
+    from polyfhe.fhe.params import InsecureParametersError, require_secure
 
-    return [name for name, model in sorted(registry.models.items()) if model.program.scheme == "ckks"
-            and (model.program.params.security != "tc128" or not security_bits_ok(model.program.params))]
+    for name, model in sorted(registry.models.items()):
+        if model.program.scheme != "ckks":
+            continue
+        try:
+            require_secure(model.program.params, allow_insecure, "serve")
+        except InsecureParametersError as exc:
+            raise InsecureParametersError(f"model {name}: {exc}") from None
 
 
 def _warm(registry: Any) -> None:
@@ -169,11 +175,7 @@ def run(args: argparse.Namespace) -> int:
         tls = tls_options(args)
         registry = Registry(config.programs_dir, plaintext_cache_bytes=None if args.plaintext_cache_mb is None
                             else int(args.plaintext_cache_mb * MIB))
-        weak = insecure_models(registry)
-        if weak and not args.allow_insecure:
-            raise ValueError(f"model(s) {weak} use CKKS parameters below 128-bit security (exported with "
-                             "security='none'); a server would hand clients keys that protect nothing. Export "
-                             "them with the default parameters, or pass --allow-insecure for a test server")
+        require_secure_models(registry, args.allow_insecure)
         if args.warm and config.isolation == "thread":
             _warm(registry)
         app = create_app(config, registry, warm=args.warm)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -41,21 +42,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(programs: Path, log: Path, *flags: str) -> ServerProcess:
-    """``polyfhe serve`` in a subprocess on a free loopback port, once ``/healthz`` answers."""
+def start_server(programs: Path, log: Path, *flags: str, scheme: str = "http",
+                 ca_file: Path | None = None) -> ServerProcess:
+    """``polyfhe serve`` in a subprocess on a free loopback port, once ``/healthz`` answers (over HTTPS with
+    ``scheme="https"``, trusting ``ca_file``)."""
     port = free_port()
     cmd = [sys.executable, "-m", "polyfhe.cli", "-v", "serve", "--programs", str(programs), "--host", "127.0.0.1",
            "--port", str(port), *flags]
     env = {**os.environ, "POLYFHE_THREADS": "1"}  # a 2-core machine is shared: one thread per evaluation
     fh = log.open("w")
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-    server = ServerProcess(f"http://127.0.0.1:{port}", proc, log)
+    server = ServerProcess(f"{scheme}://127.0.0.1:{port}", proc, log)
+    verify = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else True
     deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log_text()}")
         try:
-            if httpx.get(f"{server.url}/healthz", timeout=2).status_code == 200:
+            if httpx.get(f"{server.url}/healthz", timeout=2, verify=verify).status_code == 200:
                 return server
         except httpx.HTTPError:
             pass
