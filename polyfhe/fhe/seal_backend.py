@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import struct
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
@@ -26,13 +25,13 @@ from polyfhe.fhe.rotations import KeyChain
 from polyfhe.fhe.seal_native import SealCallError, native_kernels, refused
 from polyfhe.fhe.sealbytes import (
     HEADER,
-    SealLayout,
     SerializationError,
     check_ciphertext,
     check_kswitch,
     check_secret_key,
     expected_bytes,
     inflate_into,
+    seal_layout,
 )
 
 __all__ = ["COUNTERS", "DEFAULT_CACHE_BYTES", "SealCallError", "SealContext", "SealOps", "SerializationError",
@@ -99,7 +98,7 @@ class SealContext:
         self.evaluator = sa.Evaluator(self.context)
         self.slots = self.encoder.slot_count()
         self.top_level = self.context.first_context_data().chain_index()
-        self.layout = _seal_layout(self.context, n)
+        self.layout = seal_layout(self.context, n)  # each level's primes: residues checked exactly
 
     # ----------------------------------------------------------------------------------------------------
     def chain_index(self, ct) -> int:
@@ -174,19 +173,6 @@ _STRUCTURE_CHECKS = {
     "relin_keys": check_kswitch,  # rows None: the one relinearisation row
     "galois_keys": check_kswitch,
 }
-
-
-def _seal_layout(context, n: int) -> SealLayout:
-    """Each level's parms_id and prime count (top first) and the key level's, as the bytes SEAL writes."""
-    ids, primes = [], []
-    data = context.first_context_data()
-    while data is not None:
-        ids.append(struct.pack("<4Q", *data.parms_id()))
-        primes.append(len(data.parms().coeff_modulus()))
-        data = data.next_context_data()
-    key = context.key_context_data()
-    return SealLayout(n, tuple(ids), tuple(primes), struct.pack("<4Q", *key.parms_id()),
-                      len(key.parms().coeff_modulus()))
 
 
 @contextlib.contextmanager

@@ -417,7 +417,8 @@ class LattigoServer:
             raise WireError(f"program {program.program_id} bootstraps, and this public context holds no "
                             "bootstrapping keys (make keys with this program's client)")
         n = program.params.poly_modulus_degree
-        check_evaluation_keys(box.sections["evaluation_keys"], KeyShape.from_lattigo_params(params),
+        shape = KeyShape.from_lattigo_params(params, lattigo_primes(program.params, spec))  # exact residue bounds
+        check_evaluation_keys(box.sections["evaluation_keys"], shape,
                               {galois_element(s, n) for s in program.manifest.galois_steps},
                               self._lowered.needs_relin)
         if spec:
