@@ -113,12 +113,45 @@ class RssWatch:
             time.sleep(self.period)
 
 
+class TreeWatch:
+    """:class:`RssWatch` over the server and its worker process (where the bytes are inflated and parsed):
+    the peak is the sum of their peaks, and either one past the ceiling is killed."""
+
+    def __init__(self, pids: list[int], ceiling: int) -> None:
+        self.watches = [RssWatch(pid, ceiling) for pid in pids]
+
+    def start(self) -> TreeWatch:
+        for w in self.watches:
+            w.start()
+        return self
+
+    def stop(self) -> None:
+        for w in self.watches:
+            w.stop()
+
+    def reset(self) -> int:
+        return sum(w.reset() for w in self.watches)
+
+    @property
+    def peak(self) -> int:
+        return sum(w.peak for w in self.watches)
+
+    @property
+    def killed(self) -> bool:
+        return any(w.killed for w in self.watches)
+
+    def status(self) -> dict[str, int]:
+        return {"VmRSS": sum(w.status().get("VmRSS", 0) for w in self.watches)}
+
+
 @pytest.fixture(scope="module")
 def bomb_server(programs, tmp_path_factory):
-    """A server of its own (the bombs must not touch the shared one), watched."""
+    """A server of its own (the bombs must not touch the shared one), watched with its worker process."""
     server = start_server(programs["root"], tmp_path_factory.mktemp("bomb-log") / "server.log",
                           "--max-context-mb", "64", "--max-ciphertext-mb", "4", "--max-sessions", "8")
-    watch = RssWatch(server.proc.pid, RSS_CEILING).start()
+    workers = [w["pid"] for w in httpx.get(f"{server.url}/v1/stats").json()["host"]["processes"]]
+    assert workers and server.proc.pid not in workers
+    watch = TreeWatch([server.proc.pid, *workers], RSS_CEILING).start()
     yield server, watch
     watch.stop()
     server.stop()
