@@ -5,6 +5,8 @@
     python bench/serve_load.py --baseline-tree ../polyfhe-main    # also the server of another checkout
     python bench/serve_load.py --programs DIR --model NAME        # serve your own programs folder
     python bench/serve_load.py --server URL --model NAME          # an already running server
+    python bench/serve_load.py -k 32 --attacker --isolation process thread --baseline-tree ../polyfhe-prev
+                                                                  # one attacker beside 32 honest clients
 
 Each client makes its own keys and opens one session (key generation, upload and load: "session setup"), then
 all clients start together and send their requests in their session, one after another: encrypt -> POST ->
@@ -17,10 +19,17 @@ warm. Every answer is checked against the program's ``run_plain``; a wrong answe
 
 ``--baseline-tree DIR`` runs the same load, with the same clients, against the server of another checkout of
 polyfhe (``PYTHONPATH=DIR python -m polyfhe.cli serve``), e.g. a git worktree of the last release.
+``--isolation process thread`` runs this tree's server once per isolation mode (sessions in worker processes, or
+in the server's own process): the difference is what isolation costs per query.
+``--attacker`` adds one client that, from the moment the honest ones start until they finish, loops the crafted
+requests of ``serve_attacks.py`` (Galois keys with a zero random part and a single-residue ciphertext in the
+session they open, a 100,000-deep header, random bytes); its answers are counted by status (0: no answer), and
+whether the server was still alive at the end is reported.
 
 Printed: the machine (CPU, cores, load average at the start), a markdown table, and written: ``--out/
-serve_load.json`` and a plot of latency and throughput against K (``--plot``, PNG). Peak server RSS is the
-server process's VmHWM (``/proc``) when it was started here, else ``/metrics``. Exit status 1 if any error.
+serve_load.json`` and a plot of latency and throughput against K (``--plot``, PNG). Peak server RSS is the sum of
+the VmHWM (``/proc``) of the server process and its worker processes when it was started here, else
+``/metrics``. Exit status 1 if any honest request failed.
 """
 
 from __future__ import annotations
@@ -42,9 +51,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine_info import machine_info
+from serve_attacks import attack_requests
 from square_mlp import square_mlp_program
 
 from polyfhe.serve.http_client import ServeClient, ServeError
+
+OCTETS = {"Content-Type": "application/octet-stream"}
+STARTUP_S = 300.0  # a loaded machine (a test run beside the bench) starts worker processes slowly
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results"
@@ -73,7 +86,7 @@ def start_server(programs: Path, log: Path, extra: list[str],
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"server exited with {proc.returncode}; see {log}:\n{log.read_text()[-2000:]}")
@@ -83,18 +96,42 @@ def start_server(programs: Path, log: Path, extra: list[str],
         except httpx.HTTPError:
             time.sleep(0.2)
     proc.kill()
-    raise SystemExit(f"server did not start within 120 s; see {log}")
+    raise SystemExit(f"server did not start within {STARTUP_S:g} s:\n{log.read_text()[-3000:]}")
 
 
-def peak_rss(url: str, pid: int | None = None) -> int | None:
-    """The server's peak RSS: VmHWM of its process when known, else ``/metrics``."""
-    if pid is not None:
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the server's worker processes)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
         except OSError:
             pass
+    return out
+
+
+def _hwm(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def peak_rss(url: str, pid: int | None = None, seen: dict[int, int] | None = None) -> int | None:
+    """The server's peak RSS: the VmHWM of its process and its worker processes when known (``seen``: peaks of
+    processes sampled earlier, e.g. workers that have since ended), else ``/metrics``."""
+    if pid is not None:
+        peaks = dict(seen or {})
+        for p in _tree(pid):
+            peaks[p] = max(peaks.get(p, 0), _hwm(p))
+        if any(peaks.values()):
+            return sum(peaks.values())
     try:
         for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
             if line.startswith("polyfhe_peak_resident_memory_bytes "):
@@ -118,14 +155,46 @@ def _pct(values: list[float], q: float) -> float | None:
     return v[min(len(v) - 1, round(q * (len(v) - 1)))] if v else None
 
 
-def run_load(url: str, model: str, clients: int, requests: int, program=None, retries: int = 10) -> dict:
-    """K threads, each its own session; the first request of each apart, then M - 1 timed together."""
+def attack(url: str, model: str, program, sample: np.ndarray, start: threading.Barrier, stop: threading.Event,
+           codes: list[int]) -> None:
+    """Open a session (with the crafted keys where the server accepts them), wait at ``start`` with the honest
+    clients, then loop the crafted requests until ``stop``; ``codes`` gets every status (0: no answer)."""
+    keys = program.client()
+    with httpx.Client(base_url=url, timeout=300) as http:
+        session = None
+        try:
+            for context in (attack_requests(keys, sample, "-", model)[0][1], keys.public_context()):
+                opened = http.post("/v1/sessions", params={"model": model}, content=context, headers=OCTETS)
+                codes.append(opened.status_code)
+                if opened.status_code == 201:  # the crafted keys where a server accepts them, else valid ones
+                    session = opened.json()["session_id"]
+                    break
+            requests = attack_requests(keys, sample, session or "-", model)
+        finally:
+            start.wait()
+        if session is None:
+            return
+        i = 0
+        while not stop.is_set():
+            path, body, params = requests[i % len(requests)]
+            try:
+                codes.append(http.post(path, content=body, params=params, headers=OCTETS).status_code)
+            except httpx.HTTPError:
+                codes.append(0)
+                time.sleep(0.5)  # the server is gone: no busy loop
+            i += 1
+
+
+def run_load(url: str, model: str, clients: int, requests: int, program=None, retries: int = 10,
+             attacker: bool = False) -> dict:
+    """K threads, each its own session; the first request of each apart, then M - 1 timed together; with
+    ``attacker``, one more thread loops crafted requests meanwhile."""
     with ServeClient(url) as api:
         manifest = api.manifest(model)
     shape = tuple(manifest.input_shape[1:])
     inputs = np.random.default_rng(0).random((max(requests, 1) * clients, *shape))
     reference = None if program is None else np.concatenate([program.run_plain(x[None]) for x in inputs])
-    start = threading.Barrier(clients + 1)
+    start = threading.Barrier(clients + 1 + bool(attacker and program is not None))
     first: list[float] = []
     latencies: list[float] = []
     server_s: list[float] = []
@@ -174,6 +243,12 @@ def run_load(url: str, model: str, clients: int, requests: int, program=None, re
                 errors.append(f"client {k}: {type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    stop, attack_codes = threading.Event(), []
+    attacker_thread = None
+    if attacker and program is not None:
+        attacker_thread = threading.Thread(target=attack, args=(url, model, program, inputs[0], start, stop,
+                                                                attack_codes))
+        attacker_thread.start()
     for t in threads:
         t.start()
     start.wait()
@@ -181,8 +256,16 @@ def run_load(url: str, model: str, clients: int, requests: int, program=None, re
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    stop.set()
+    if attacker_thread is not None:
+        attacker_thread.join(600)
+    try:
+        alive = httpx.get(url + "/healthz", timeout=10).status_code == 200
+    except httpx.HTTPError:
+        alive = False
     ok = len(first) + len(latencies)
-    return {"clients": clients, "requests_per_client": requests, "ok": ok, "errors": clients * requests - ok,
+    return {"attacker_codes": {str(c): attack_codes.count(c) for c in sorted(set(attack_codes))} if attacker
+            else None, "server_alive": alive,"clients": clients, "requests_per_client": requests, "ok": ok, "errors": clients * requests - ok,
             "error_messages": errors[:20], "wall_s": wall, "throughput_rps": ok / wall if wall else None,
             "first_p50_s": statistics.median(first) if first else None, "first_p95_s": _pct(first, 0.95),
             "p50_s": _pct(latencies, 0.50), "p95_s": _pct(latencies, 0.95),
@@ -198,10 +281,15 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f}"
 
 
+def _codes(codes: dict | None) -> str:
+    return "-" if codes is None else ", ".join(f"{c}: {n}" for c, n in codes.items()) or "none"
+
+
 def markdown(rows: list[dict]) -> str:
     head = ("| server | clients x requests | ok / errors | first request p50 (cold), ms "
             "| p50 / p95 (warm), ms | server evaluation p50, ms | throughput, requests/s "
-            "| session setup p50 / max, s | peak server RSS, MB |")
+            "| session setup p50 / max, s | peak server RSS, MB | attacker's answers (status: count) "
+            "| alive at the end |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         setup = "-" if r["session_setup_p50_s"] is None else (f"{r['session_setup_p50_s']:.1f} / "
@@ -210,7 +298,8 @@ def markdown(rows: list[dict]) -> str:
         tput = "-" if r["throughput_rps"] is None else f"{r['throughput_rps']:.1f}"
         lines.append(f"| {r['server']} | {r['clients']} x {r['requests_per_client']} | {r['ok']} / "
                      f"{r['errors']} | {_ms(r['first_p50_s'])} | {_ms(r['p50_s'])} / {_ms(r['p95_s'])} | "
-                     f"{_ms(r['server_p50_s'])} | {tput} | {setup} | {rss} |")
+                     f"{_ms(r['server_p50_s'])} | {tput} | {setup} | {rss} | {_codes(r.get('attacker_codes'))} | "
+                     f"{'yes' if r.get('server_alive') else 'NO'} |")
     return "\n".join(lines)
 
 
@@ -257,6 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-args", default="",
                    help="extra `polyfhe serve` flags, e.g. '--max-concurrency 2'")
     p.add_argument("--retries", type=int, default=10, help="503 retries per request (default 10)")
+    p.add_argument("--isolation", nargs="+", choices=("process", "thread"), default=None,
+                   help="run this tree's server once per isolation mode (default: its default only)")
+    p.add_argument("--attacker", action="store_true",
+                   help="one more client loops crafted requests while the honest ones run (serve_attacks.py)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for serve_load.json")
     p.add_argument("--plot", type=Path, default=DEFAULT_PLOT, help=f"PNG to write (default {DEFAULT_PLOT})")
     args = p.parse_args(argv)
@@ -274,17 +367,20 @@ def main(argv: list[str] | None = None) -> int:
             from polyfhe.fhe.program import load_program
 
             program = load_program(programs / args.model)
-        servers: list[tuple[str, Path | None]] = [(f"this tree ({server_commit(HERE.parent)}+)", None)]
+        mine = f"this tree ({server_commit(HERE.parent)}+)"
+        servers: list[tuple[str, Path | None, list[str]]] = (
+            [(mine, None, [])] if args.isolation is None else
+            [(f"{mine}, {mode}", None, ["--isolation", mode]) for mode in args.isolation])
         if args.baseline_tree is not None:
-            servers.append((f"baseline {server_commit(args.baseline_tree)}", args.baseline_tree))
+            servers.append((f"baseline {server_commit(args.baseline_tree)}", args.baseline_tree, []))
         for k in args.clients:
-            for name, tree in servers if args.server is None else [("given", None)]:
+            for name, tree, flags in servers if args.server is None else [("given", None, [])]:
                 proc, url, pid = None, args.server, None
                 try:
                     if url is None:
                         # every client holds a session; every request may wait: no 503 by design
-                        extra = ["--max-sessions", str(max(16, k)), "--max-queue", str(max(16, 2 * k)),
-                                 *args.server_args.split()]
+                        extra = ["--max-sessions", str(max(16, k) + 2 * args.attacker),
+                                 "--max-queue", str(max(16, 2 * k)), *flags, *args.server_args.split()]
                         log = Path(tmp) / f"server-{k}-{len(rows)}.log"
                         proc, url = start_server(programs, log, extra, tree)
                         pid = proc.pid
@@ -293,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                     if card is None:
                         raise SystemExit(f"the server has no model {args.model!r}")
                     t0 = time.perf_counter()
-                    result = run_load(url, args.model, k, args.requests, program, args.retries)
+                    result = run_load(url, args.model, k, args.requests, program, args.retries, args.attacker)
                     row = {"server": name, **result, "peak_rss_bytes": peak_rss(url, pid),
                            "params": card.get("params_text"), "run_s": time.perf_counter() - t0}
                 finally:

@@ -216,7 +216,8 @@ def create_app(config: ServeConfig, registry: Registry | None = None, warm: bool
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
-        text = state.metrics.prometheus(state.sessions.stats(), state.pool.stats(), len(registry.models))
+        text = state.metrics.prometheus(state.sessions.stats(), state.pool.stats(), len(registry.models),
+                                        state.host.stats())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/stats")

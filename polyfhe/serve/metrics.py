@@ -60,7 +60,7 @@ class Metrics:
                     "mean_inference_s": self.infer_seconds / self.inferences if self.inferences else None,
                     "bytes_received_total": self.bytes_in, "bytes_sent_total": self.bytes_out}
 
-    def prometheus(self, sessions: dict, workers: dict, models: int) -> str:
+    def prometheus(self, sessions: dict, workers: dict, models: int, host: dict | None = None) -> str:
         """The text exposition format, version 0.0.4."""
         current, peak = rss_bytes()
         lines: list[str] = []
@@ -95,6 +95,14 @@ class Metrics:
                [("", workers["rejected_total"])])
         metric("polyfhe_work_timed_out_total", "counter", "Jobs past the request timeout (504).",
                [("", workers["timed_out_total"])])
+        metric("polyfhe_sessions_lost_total", "counter", "Sessions whose worker process ended.",
+               [("", sessions.get("lost_total", 0))])
+        if host and host.get("isolation") == "process":
+            procs = host["processes"]
+            metric("polyfhe_worker_processes_alive", "gauge", "Worker processes running.",
+                   [("", sum(1 for w in procs if w["alive"]))])
+            metric("polyfhe_worker_restarts_total", "counter", "Worker processes started again after one ended.",
+                   [("", host["restarts_total"])])
         metric("polyfhe_models", "gauge", "Models served.", [("", models)])
         metric("process_resident_memory_bytes", "gauge", "Resident memory.", [("", current)])
         metric("polyfhe_peak_resident_memory_bytes", "gauge", "Peak resident memory.", [("", peak)])

@@ -180,6 +180,9 @@ def test_a_worker_killed_mid_query_costs_only_its_own_sessions(two_workers, prog
     after = stats(url)
     assert after["host"]["restarts_total"] == 1 and _worker_pids(url)[0] != pids[0]
     assert after["sessions"]["lost_total"] == 1
+    metrics = httpx.get(f"{url}/metrics").text
+    assert "polyfhe_worker_restarts_total 1\n" in metrics and "polyfhe_sessions_lost_total 1\n" in metrics
+    assert "polyfhe_worker_processes_alive 2\n" in metrics
     # the same keys open a new session; ServeClient does it by itself when its session is lost
     with ServeClient(url) as api, api.open_session(TINY, keys=first) as session:
         holder = [w["pid"] for w in stats(url)["host"]["processes"] if w["sessions"]]
