@@ -10,8 +10,9 @@ Memory is bounded twice. Every worker runs under a fixed address-space limit (``
 :data:`DEFAULT_ADDRESS_SPACE_BYTES`, ``Worker(address_space_bytes=...)``): the worker sets it on itself before it
 imports anything (``worker_main.py --address-space``; a ``preexec_fn`` would do the same in the forked child but is
 unsafe in a threaded parent such as the HTTP server), so a parse that tries to allocate past it fails inside the
-worker with a ``MemoryError`` or an abort, never on the machine. A server counts :attr:`Worker.address_space_bytes`
-per session in its key budget. And every byte string a worker will parse is size-checked here before it is sent
+worker with a ``MemoryError`` or an abort, never on the machine. ``polyfhe serve``'s key budget counts a Concrete
+session's evaluation keys; this limit bounds what the session's worker may take beyond them (it is virtual address
+space, tens of GB above what a worker holds, so it is not added to the budget itself). And every byte string a worker will parse is size-checked here before it is sent
 (:func:`check_blob_sizes`, limits per command in :data:`PARSE_LIMITS`): an oversized upload is refused with
 :class:`ConcreteInputTooLarge`, naming the limit and the size sent, and never reaches the worker.
 """
