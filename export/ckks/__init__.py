@@ -36,9 +36,11 @@ from polyfhe.export.ckks.replicate import replicate_input as replicated
 from polyfhe.export.ckks.spend import MIN_SPEND_SCALE_BITS, LevelSpend, spend_budget, spend_levels
 from polyfhe.fhe.backends import DEFAULT_BACKEND, BackendUnavailable, KeySetTooLarge, get_backend
 from polyfhe.fhe.bootparams import (
+    BOOTSTRAP_RING,
     BootstrapSpec,
     bootstrap_key_bytes,
     bootstrap_modulus_bits,
+    check_bootstrap_security,
     choose_bootstrap_params,
     default_spec,
     machine_memory_budget,
@@ -200,8 +202,10 @@ def _with_bootstraps(plan, circuit: Circuit, params: CKKSParams, spec: Bootstrap
         ranges = calibrated_ranges(CKKSProgram.create(manifest, plan.arrays),
                                    samples[:BOOTSTRAP_CALIBRATION_SAMPLES], refreshed, width)
     steps, _ = insert_bootstraps(plan.steps, placed, ranges, width)
+    # the real log QP (every Q and P prime as Lattigo generates them), not the planned bit sizes chains are made with
     info = {**placed.to_info(), "spec": spec.to_dict(), "slots": width,
-            "modulus_bits": bootstrap_modulus_bits(params, spec), "key_bytes": bootstrap_key_bytes(params, spec)}
+            "modulus_bits": round(check_bootstrap_security(params, spec).log_qp, 3),
+            "planned_modulus_bits": bootstrap_modulus_bits(params, spec), "key_bytes": bootstrap_key_bytes(params, spec)}
     log.info("bootstrapping: %d bootstrap(s) of %d slots after levels %s (%d levels needed, %d per segment)",
              placed.count, width, list(placed.cuts), circuit.depth, params.levels)
     return replace(plan, steps=steps), info
@@ -240,6 +244,25 @@ def _bootstrap_time(boot_info: dict, params: CKKSParams) -> str:
         return "; `polyfhe cost MODEL --backend lattigo` predicts its latency"
     seconds = boot_info["count"] * bootstrap_seconds(costs, boot_info["spec"], params)
     return f"; its {boot_info['count']} bootstraps alone would take about {seconds:.0f} s per query on this machine"
+
+
+def _choose_bootstrap(depth: int, slots_needed: int, scale_bits: int | None, memory_bytes: int | None,
+                      machine_default: bool) -> tuple[CKKSParams, BootstrapSpec]:
+    """:func:`choose_bootstrap_params`; a refusal for memory alone also says which setting plans for a larger
+    machine (the bootstrapping keys are made where the client runs, so the budget is that machine's)."""
+    try:
+        return choose_bootstrap_params(depth, slots_needed, scale_bits=scale_bits, memory_bytes=memory_bytes)
+    except ParameterError as exc:
+        if memory_bytes is None:
+            raise
+        try:  # would it fit without the budget? then memory is what refused it
+            choose_bootstrap_params(depth, slots_needed, scale_bits=scale_bits, memory_bytes=None)
+        except ParameterError:
+            raise exc from None
+        whose = "75% of this machine's memory (the default)" if machine_default else "the bootstrap_memory given"
+        raise ParameterError(
+            f"{exc}. That budget is {whose}; bootstrap_memory= (polyfhe export --bootstrap-memory GB) raises it to "
+            "plan for a machine with more memory, where the client must then make its keys") from exc
 
 
 def _bootstrap_lanes(circuit: Circuit, params: CKKSParams, spec: BootstrapSpec, memory_bytes: int | None) -> int:
@@ -358,8 +381,8 @@ def export_ckks(
     leveled_auto = False
     try:
         if params is None and _force_bootstrap:
-            params, boot_spec = choose_bootstrap_params(circuit.depth, slots_needed, scale_bits=scale_bits,
-                                                        memory_bytes=boot_memory)
+            params, boot_spec = _choose_bootstrap(circuit.depth, slots_needed, scale_bits, boot_memory,
+                                                  bootstrap_memory is None)
         elif params is None:
             leveled_auto = True
             try:
@@ -370,8 +393,8 @@ def export_ckks(
                 if not may_bootstrap:
                     raise ParameterError(f"{exc}{_bootstrap_hint(engine, layout, bootstrap)}") from exc
                 leveled_auto = False
-                params, boot_spec = choose_bootstrap_params(circuit.depth, slots_needed, scale_bits=scale_bits,
-                                                            memory_bytes=boot_memory)
+                params, boot_spec = _choose_bootstrap(circuit.depth, slots_needed, scale_bits, boot_memory,
+                                                      bootstrap_memory is None)
         params = validate(params, allow_insecure=allow_insecure)
     except ParameterError as exc:
         raise CKKSExportError(str(exc)) from exc
@@ -451,7 +474,9 @@ def export_ckks(
     except KeySetTooLarge as exc:
         if not (leveled_auto and may_bootstrap):
             raise CKKSExportError(f"{name} on backend {backend!r}: {exc}") from exc
-        log.warning("%s: %s; compiling for a smaller residual ring with bootstrapping instead", name, exc)
+        log.warning("%s: %s; compiling with bootstrapping instead, on a residual chain of the bootstrapping ring "
+                    "N=%d itself (fewer levels, so smaller keys; 128-bit bootstrapping switches no rings)", name, exc,
+                    BOOTSTRAP_RING)
         return again(params=None, poly_modulus_degree=None, _force_bootstrap=True)
     except (ParameterError, ValueError) as exc:
         raise CKKSExportError(f"{name} on backend {backend!r}: {exc}") from exc

@@ -1,5 +1,7 @@
-"""Bootstrapping: placement (a shortest path over levels), parameter sets, and encrypted runs on Lattigo at a
-small, explicitly insecure ring (N=4096: a bootstrap takes about half a second there)."""
+"""Bootstrapping: placement (a shortest path over levels), parameter sets, the refusal of 128-bit bootstrapping
+within a 24 GiB machine's memory, and encrypted runs on Lattigo at a small, explicitly INSECURE ring
+(``security="none"``, N=4096: a bootstrap takes about half a second there). 128-bit programs are exported here
+(planned with ``bootstrap_memory`` for a larger machine), never keyed: their key generation peaks near 24 GB."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from polyfhe.fhe.bootparams import (
     bootstrap_circuit_logq,
     bootstrap_key_bytes,
     bootstrap_moduli,
+    bootstrap_modulus_bits,
     check_bootstrap_security,
     choose_bootstrap_params,
     default_spec,
@@ -39,7 +42,10 @@ from polyfhe.fhe.program import Step
 from tests.fhe.ckks_testlib import Square, digits, train
 
 LATTIGO = importlib.util.find_spec("lattigo") is not None
-SMALL_RING = CKKSParams(4096, (60, 40, 40, 40, 60), 40)  # 3 levels between bootstraps; insecure on purpose
+# 3 levels between bootstraps, on its own ring; INSECURE on purpose (240 bits at N=4096, whose 128-bit bound is 109)
+SMALL_RING = CKKSParams(4096, (60, 40, 40, 40, 60), 40, security="none")
+# the default bootstrapping budget of CI's machine: 75% of its 24 GiB (``machine_memory_budget``)
+CI_MACHINE_BUDGET = int(0.75 * 24 * 2**30)
 
 
 class DeepResidual(nn.Module):
@@ -171,9 +177,8 @@ def test_bootstrapping_chains_meet_the_128_bit_bound_on_the_real_moduli():
         # no ring switching at 128 bits: the residual ring is the bootstrapping ring, secure on its own
         assert params.poly_modulus_degree == BOOTSTRAP_RING and params.levels >= 7
         assert sum(params.coeff_mod_bits) <= MAX_BITS_128[params.poly_modulus_degree]
-    insecure = CKKSParams(4096, SMALL_RING.coeff_mod_bits, 40, security="none")
-    spec = default_spec(insecure, 8)
-    assert spec.logn == 12 and not check_bootstrap_security(insecure, spec).secure
+    spec = default_spec(SMALL_RING, 8)
+    assert spec.logn == 12 and not check_bootstrap_security(SMALL_RING, spec).secure
 
 
 def test_lattigo_named_parameter_sets_give_their_stated_log_qp():
@@ -235,7 +240,7 @@ def test_the_residual_primes_are_the_wheels():
     from polyfhe.fhe.backends.lattigo import lattigo_primes
 
     for params, spec in ((CKKSParams(1 << 16, (60,) + (40,) * 11 + (60,), 40), BootstrapSpec(16, (61,) * 6, 13)),
-                         (CKKSParams(4096, SMALL_RING.coeff_mod_bits, 40, "none"), BootstrapSpec(12, (61,) * 6, 3))):
+                         (SMALL_RING, BootstrapSpec(12, (61,) * 6, 3))):
         q, _ = lattigo_primes(params, spec.to_dict())
         assert bootstrap_moduli(params, spec)[0][: len(q)] == q
 
@@ -344,19 +349,65 @@ def test_a_context_without_bootstrapping_keys_is_refused(deep_program):
         prog.server(stripped)
 
 
-def test_cli_exports_a_deep_model_with_bootstraps_and_refuses_it_with_bootstrap_off(tmp_path, capsys):
-    from polyfhe.cli import main
-    from polyfhe.export.onnx import export_onnx
-    from polyfhe.fhe.program import load_program
-
+def _deep_chain() -> nn.Module:
+    """15 squares between small linear maps: 31 levels, past every leveled ring."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), *[m for _ in range(15) for m in (Square(), nn.Linear(8, 8))])
     with torch.no_grad():
         for layer in model:
             if isinstance(layer, nn.Linear):
                 layer.weight.mul_(0.5)
+    return model.eval()
+
+
+def test_the_small_ring_is_labelled_insecure_and_needs_allow_insecure(deep_program):
+    assert SMALL_RING.security == "none" and deep_program[1].params.security == "none"
+    assert sum(SMALL_RING.coeff_mod_bits) > MAX_BITS_128[SMALL_RING.poly_modulus_degree]
+    with pytest.raises(CKKSExportError, match="allow_insecure"):
+        export_ckks(DeepResidual().eval(), calibration=digits()[0][:16], input_shape=(1, 8, 8), backend="lattigo",
+                    params=SMALL_RING)
+
+
+def test_128_bit_bootstrapping_is_refused_within_a_24_gib_machine_saying_what_it_needs(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """128-bit bootstrapping runs on N=2^16 only, and its key generation peaks near 24 GB: on CI's 24 GiB machine
+    (default budget 75% of it) the export refuses, with the memory it needs and the setting that plans for more."""
+    import polyfhe.export.ckks as exporter
+    from polyfhe.cli import main
+    from polyfhe.export.onnx import export_onnx
+
+    monkeypatch.setattr(exporter, "machine_memory_budget", lambda: CI_MACHINE_BUDGET)
+    x = digits()[0][:16]
+    with pytest.raises(CKKSExportError) as refused:
+        export_ckks(_deep_chain(), calibration=x, input_shape=(1, 8, 8), backend="lattigo")
+    message = str(refused.value)
+    assert f"cannot bootstrap within {CI_MACHINE_BUDGET / 1e9:.1f} GB" in message
+    assert f"residual N={BOOTSTRAP_RING}" in message and "75% of this machine's memory (the default)" in message
+    assert "bootstrap_memory=" in message and "--bootstrap-memory" in message
+    need_gb = int(message.split("run it on a machine with at least ")[1].split(" GB")[0])
+    smallest = min(c.keygen_peak_bytes for c in bootstrap_candidates(31, 64))
+    assert need_gb == round(smallest / 1e9) and smallest > CI_MACHINE_BUDGET
+    # an explicit budget is named as such; one that holds the key generation plans the 128-bit program
+    with pytest.raises(CKKSExportError, match="the bootstrap_memory given"):
+        export_ckks(_deep_chain(), calibration=x, input_shape=(1, 8, 8), backend="lattigo",
+                    bootstrap_memory=CI_MACHINE_BUDGET)
+    # the command line says the same
     onnx_path = tmp_path / "deep.onnx"
-    export_onnx(model.eval(), onnx_path, (1, 8, 8))
+    export_onnx(_deep_chain(), onnx_path, (1, 8, 8))
+    np.save(tmp_path / "cal.npy", x.astype(np.float32))
+    assert main(["export", str(onnx_path), "--calibration", str(tmp_path / "cal.npy"), "--backend", "lattigo",
+                 "--out", str(tmp_path / "p")]) != 0
+    err = capsys.readouterr().err
+    assert f"at least {need_gb} GB" in err and "--bootstrap-memory" in err and not (tmp_path / "p").exists()
+
+
+def test_cli_exports_a_deep_model_with_bootstraps_and_refuses_it_with_bootstrap_off(tmp_path, capsys):
+    from polyfhe.cli import main
+    from polyfhe.export.onnx import export_onnx
+    from polyfhe.fhe.program import load_program
+
+    onnx_path = tmp_path / "deep.onnx"
+    export_onnx(_deep_chain(), onnx_path, (1, 8, 8))
     np.save(tmp_path / "cal.npy", digits()[0][:16].astype(np.float32))
     common = ["export", str(onnx_path), "--calibration", str(tmp_path / "cal.npy"), "--backend", "lattigo",
               "--bootstrap-memory", "64"]  # planned for a machine that holds N=2^16 key generation (about 24 GB)
@@ -368,6 +419,10 @@ def test_cli_exports_a_deep_model_with_bootstraps_and_refuses_it_with_bootstrap_
     assert prog.params.poly_modulus_degree == BOOTSTRAP_RING and prog.params.security == "tc128"  # no switching
     assert info["spec"]["logn"] == 16 and info["key_bytes"] > 0
     assert info["count"] >= 1 and info["modulus_bits"] <= MAX_BITS_128[BOOTSTRAP_RING]
+    # the real log QP (every prime as Lattigo makes them), below the planned bit sizes chains are made with
+    spec = BootstrapSpec.from_dict(info["spec"])
+    assert info["modulus_bits"] == round(check_bootstrap_security(prog.params, spec).log_qp, 3)
+    assert info["modulus_bits"] < info["planned_modulus_bits"] == bootstrap_modulus_bits(prog.params, spec)
     assert prog.manifest.info["planned"]["bootstraps"] == info["count"]
     assert main([*common, "--out", str(tmp_path / "q"), "--bootstrap", "off"]) != 0
     assert "levels" in capsys.readouterr().err
