@@ -475,7 +475,8 @@ def self_test(library: ctypes.CDLL, shim: ctypes.CDLL | None = None) -> str | No
 
 def _refusal(native: NativeSeal, seal, ct) -> str | None:
     """A product with a plaintext of another level, past the Python checks: SEAL's ``multiply_plain_ntt``
-    throws ``invalid_argument`` before touching anything, and the shim must report it as SealCallError."""
+    throws ``invalid_argument`` before touching anything, and the shim must report it as a caught
+    ``std::exception`` (status 1, not its catch-all) with SEAL's message. Logs nothing: this refusal is expected."""
     other = seal.encode(1.0, seal.parms_id_at(1), 2.0**30)
     out = native.copy(ct)
     status, reason = native._multiply.status(native._evaluator, cpp_address(out), cpp_address(other))
