@@ -31,9 +31,11 @@ def _inflate(obj: bytes) -> bytearray:
     return bytearray(zstandard.ZstdDecompressor().decompress(bytes(obj)[HEADER.size:], max_output_size=1 << 31))
 
 
-def _deflate(payload: bytes) -> bytes:
+def _deflate(payload: bytes, like: bytes) -> bytes:
+    """``payload`` zstd-compressed behind a SEAL header of the same version as the object ``like``."""
+    _, _, major, minor, _, _, _ = HEADER.unpack_from(bytes(like[:HEADER.size]))
     body = zstandard.ZstdCompressor(level=1).compress(payload)
-    return HEADER.pack(0xA15E, HEADER.size, 4, 0, 2, 0, HEADER.size + len(body)) + body
+    return HEADER.pack(0xA15E, HEADER.size, major, minor, 2, 0, HEADER.size + len(body)) + body
 
 
 def _dims(payload: bytes | bytearray, at: int) -> tuple[int, int]:
@@ -56,7 +58,8 @@ def crafted_context(context: bytes) -> bytes:
             second = pos + HEADER.size + DATA + n * primes * 8  # the random component
             keys[second + 64: second + n * primes * 8] = bytes(n * primes * 8 - 64)
             pos += total
-    return pack(KIND_CONTEXT, box.header, {**box.sections, "galois_keys": _deflate(bytes(keys))})
+    galois = _deflate(bytes(keys), box.sections["galois_keys"])
+    return pack(KIND_CONTEXT, box.header, {**box.sections, "galois_keys": galois})
 
 
 def single_residue_ciphertext(query: bytes) -> bytes:
@@ -65,7 +68,7 @@ def single_residue_ciphertext(query: bytes) -> bytes:
     n, primes = _dims(ct, 0)
     ct[DATA:] = bytes(len(ct) - DATA)
     struct.pack_into("<Q", ct, DATA + n * primes * 8 + 8, 12345)
-    return pack(KIND_CIPHERTEXT, box.header, {"ct0": _deflate(bytes(ct))})
+    return pack(KIND_CIPHERTEXT, box.header, {"ct0": _deflate(bytes(ct), box.sections["ct0"])})
 
 
 def nested_header(kind: bytes, depth: int = 100_000) -> bytes:
