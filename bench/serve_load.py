@@ -78,13 +78,16 @@ def start_server(programs: Path, log: Path, extra: list[str],
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "polyfhe.cli", "serve", "--programs", str(programs), "--port", str(port),
+    cmd = [sys.executable, "-m", "polyfhe.cli", "serve", "--programs", str(programs.resolve()), "--port", str(port),
            *extra]
     env = dict(os.environ)
     if tree is not None:
         paths = [str(tree.resolve()), env.get("PYTHONPATH", "")]
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+    # the checkout's own directory as the working directory: `python -m` puts it before PYTHONPATH, so started
+    # from this tree a "baseline" would import this tree's polyfhe
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+                            cwd=None if tree is None else str(tree.resolve()))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:
