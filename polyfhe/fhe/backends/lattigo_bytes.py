@@ -20,8 +20,10 @@ every polynomial of every key has each residue below its prime (the program's pr
 carries them, else Lattigo's 61-bit prime bound) and, per prime, is neither all-zero nor constant (a real key's
 polynomials are uniformly random; a key of zeros makes rotations produce transparent ciphertexts). Input
 ciphertexts: residues below the bound, second component zero modulo no prime. The bootstrapping keys are walked
-against the exact shape their parameters imply when given one (:class:`BootKeyShape`): which keys are present,
-each key's ring, rows and prime counts, the Galois key count and elements.
+against the exact shape their parameters imply when given one (:class:`BootKeyShape`, computed by
+:mod:`polyfhe.fhe.backends.lattigo_bootshape`'s port of Lattigo's own logic): which keys are present, each key's
+ring, rows and prime counts, the Galois key count and elements; a missing or extra Galois key is refused naming its
+element.
 """
 
 from __future__ import annotations
@@ -272,6 +274,30 @@ def _expect_shape(what: str, got: KeySummary, n: int, want: tuple[int, int]) -> 
                         f"rows; these parameters imply N={n} with {q}+{p} primes in {BootKeyShape.rows(q, p)} rows")
 
 
+def _galois_difference(cur: _Cursor, count: int, shape: BootKeyShape) -> str:
+    """For a refusal: which Galois elements the key set at ``cur`` (``count`` keys, not yet walked) lacks and
+    which it adds, compared with ``shape``'s. The elements are read at the stride the shape implies (each key's
+    own element and nth root must agree with it); empty where they cannot be read that way."""
+    if not shape.galois_elements:
+        return ""
+    q, p = shape.galois
+    stride = 8 + KeyShape(shape.n, q, p, 2 * shape.n).galois_key_bytes
+    got = set()
+    for index in range(count):
+        at = cur.at + index * stride
+        if at + 24 > len(cur.view):
+            return ""
+        element, own, nth_root = struct.unpack_from("<QQQ", cur.view, at)
+        if element != own or nth_root != 2 * shape.n:
+            return ""
+        got.add(element)
+    want = set(shape.galois_elements)
+    missing, extra = sorted(want - got), sorted(got - want)
+    parts = ([f"missing the Galois key(s) of element(s) {missing}"] if missing else []) + \
+        ([f"extra Galois key(s) of element(s) {extra} these parameters do not use"] if extra else [])
+    return ": " + "; ".join(parts) if parts else ""
+
+
 def check_bootstrap_keys(data, shape: BootKeyShape | None = None) -> list[tuple[str, KeySummary]]:
     """Raise :class:`WireError` unless ``data`` walks as Lattigo's bootstrapping keys, every count within the
     bytes present (so Go can allocate no more than the upload), nothing left over, and every polynomial scanned
@@ -306,7 +332,8 @@ def check_bootstrap_keys(data, shape: BootKeyShape | None = None) -> list[tuple[
             count = _bounded(cur, _U32, 1 << 16, "the Galois key count")
             if shape is not None and count != shape.galois_count:
                 raise WireError(f"bootstrapping keys hold {count} Galois keys; these parameters imply "
-                                f"{shape.galois_count}")
+                                f"{shape.galois_count}{_galois_difference(cur, count, shape)}")
+            first = cur.at
             previous = -1
             for index in range(count):
                 element, own, nth_root = cur.take(_U64), cur.take(_U64), cur.take(_U64)
@@ -315,8 +342,10 @@ def check_bootstrap_keys(data, shape: BootKeyShape | None = None) -> list[tuple[
                                     f"{own}, nth root {nth_root}): elements must be odd, below the nth root, "
                                     "sorted and each key's own")
                 if shape is not None and shape.galois_elements and element != shape.galois_elements[index]:
+                    cur.at = first
                     raise WireError(f"bootstrapping keys: Galois key {index} has element {element}; these "
-                                    f"parameters imply {shape.galois_elements[index]}")
+                                    f"parameters imply {shape.galois_elements[index]}"
+                                    f"{_galois_difference(cur, count, shape)}")
                 previous = element
                 summary = _evaluation_key(cur, None, f"the Galois key of element {element}", shape)
                 if nth_root != 2 * summary.n:
