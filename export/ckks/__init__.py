@@ -477,7 +477,11 @@ def export_ckks(
         log.warning("%s: %s; compiling with bootstrapping instead, on a residual chain of the bootstrapping ring "
                     "N=%d itself (fewer levels, so smaller keys; 128-bit bootstrapping switches no rings)", name, exc,
                     BOOTSTRAP_RING)
-        return again(params=None, poly_modulus_degree=None, _force_bootstrap=True)
+        try:
+            return again(params=None, poly_modulus_degree=None, _force_bootstrap=True)
+        except CKKSExportError as boot_exc:  # both refusals: the leveled ring's, then the bootstrapped one's
+            raise CKKSExportError(f"{name} on backend {backend!r}: {exc}; bootstrapping instead was refused too: "
+                                  f"{boot_exc}") from boot_exc
     except (ParameterError, ValueError) as exc:
         raise CKKSExportError(f"{name} on backend {backend!r}: {exc}") from exc
     log.info("CKKS program %s: %s, %s, depth %d, %d Galois keys, %d sample(s) per ciphertext", program.program_id,
