@@ -24,6 +24,7 @@ import numpy as np
 from polyfhe.fhe.backends.base import Backend, BackendUnavailable, KeySetTooLarge
 from polyfhe.fhe.backends.go_env import warn_if_missing
 from polyfhe.fhe.backends.lattigo_bootkeys import generate_in_child
+from polyfhe.fhe.backends.lattigo_bootshape import expected_bootstrap_keys
 from polyfhe.fhe.backends.lattigo_bytes import (
     KeyShape,
     check_bootstrap_keys,
@@ -421,8 +422,9 @@ class LattigoServer:
         check_evaluation_keys(box.sections["evaluation_keys"], shape,
                               {galois_element(s, n) for s in program.manifest.galois_steps},
                               self._lowered.needs_relin)
-        if spec:
-            check_bootstrap_keys(box.sections["bootstrap_keys"])
+        if spec:  # exactly the keys, Galois elements and prime counts Lattigo's bootstrapping parameters imply
+            check_bootstrap_keys(box.sections["bootstrap_keys"],
+                                 expected_bootstrap_keys(program.params, spec, shape.q_moduli))
         try:
             self._evaluator = _new_evaluator(evaluator, params, box.sections["evaluation_keys"],
                                              box.sections.get("bootstrap_keys") if spec else None)
