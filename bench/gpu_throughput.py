@@ -6,6 +6,11 @@ of 1.01. Absolute numbers depend on the GPU; compare the *ratio* measured here w
 
     python bench/gpu_throughput.py --device cuda --batch-size 128 --out runs/throughput
     python bench/gpu_throughput.py --device cpu --img-size 64 --steps 2 --warmup 1 --batch-size 2   # smoke
+    python bench/gpu_throughput.py --device cuda --models CPolyNeXt-T --ln-fused --channels-last --profile 12
+
+``--ln-fused`` swaps our LN models' ``LayerNorm2d`` (mean and E[x^2] over the channel axis of NCHW: six kernels)
+for ``F.layer_norm`` on the channels-last view (one kernel; no copy when the tensor is channels-last), the
+layout timm's MetaFormers use. ``--profile N`` adds the N CUDA kernels that take most time in a training step.
 
 timm is optional (``pip install "polyfhe[bench]"``): without it the timm models are skipped with a message,
 or the run fails when ``--require-timm`` is given.
@@ -102,18 +107,95 @@ def _timed(fn: Callable[[], None], warmup: int, steps: int, device: torch.device
     return time.perf_counter() - start
 
 
-def measure(name: str, args: argparse.Namespace, device: torch.device) -> Measurement:
-    source, build = MODELS[name]
+def fused_layer_norm_2d(self, x: torch.Tensor) -> torch.Tensor:
+    """``LayerNorm2d.forward`` as one ``F.layer_norm`` over the channels of the NHWC view (same maths, the variance
+    taken two-pass instead of E[x^2] - mu^2)."""
+    y = F.layer_norm(x.permute(0, 2, 3, 1), (self.channels,), self.weight, self.bias, self.eps)
+    return y.permute(0, 3, 1, 2)
+
+
+def native_layer_norm_2d(self, x: torch.Tensor) -> torch.Tensor:
+    """:func:`fused_layer_norm_2d` in the input's dtype: autocast runs ``layer_norm`` in float32, and its float32
+    output makes every elementwise product up to the next conv move twice the bytes (the kernel itself keeps
+    float32 statistics for bf16 inputs)."""
+    with torch.autocast(x.device.type, enabled=False):
+        weight = self.weight.to(x.dtype)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        y = F.layer_norm(x.permute(0, 2, 3, 1), (self.channels,), weight, bias, self.eps)
+    return y.permute(0, 3, 1, 2)
+
+
+def patch_layer_norm(enabled: bool, native: bool = False) -> Callable[[], None]:
+    """Swap ``LayerNorm2d.forward`` for :func:`fused_layer_norm_2d` (or :func:`native_layer_norm_2d` when
+    ``native``) while ``enabled``; returns the undo."""
+    from polyfhe.models.layers.norms import LayerNorm2d
+
+    original = LayerNorm2d.forward
+    if enabled:
+        LayerNorm2d.forward = native_layer_norm_2d if native else fused_layer_norm_2d
+
+    def undo() -> None:
+        LayerNorm2d.forward = original
+
+    return undo
+
+
+def build_inputs(name: str, args: argparse.Namespace, device: torch.device):
+    """The model (on ``device``, in the requested layout, compiled if asked), a batch, labels and autocast."""
+    _, build = MODELS[name]
     model = build(args.img_size, args.norm).to(device)
-    params = sum(p.numel() for p in model.parameters()) / 1e6
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    runner = torch.compile(model) if args.compile else model
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
     if args.channels_last:
         x = x.to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (args.batch_size,), device=device)
     amp = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16")
+    return model, x, y, amp
+
+
+def profile_train_step(name: str, args: argparse.Namespace, device: torch.device, top: int,
+                       steps: int = 5, warmup: int = 3) -> list[dict]:
+    """The ``top`` kernels (or CPU ops on CPU) by self time over ``steps`` eager training steps, as
+    ``{"name", "ms_per_step", "share", "calls_per_step"}``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, x, y, amp = build_inputs(name, args, device)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        with amp:
+            loss = F.cross_entropy(model(x).float(), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        _sync(device)
+    on_gpu = device.type == "cuda"
+    rows = []
+    for event in prof.key_averages():
+        self_us = event.self_device_time_total if on_gpu else event.self_cpu_time_total
+        if self_us > 0 and (not on_gpu or event.device_type.name == "CUDA"):
+            rows.append((self_us, event.key, event.count))
+    total = sum(r[0] for r in rows) or 1.0
+    rows.sort(reverse=True)
+    return [{"name": key[:160], "ms_per_step": round(us / 1e3 / steps, 3), "share": round(us / total, 4),
+             "calls_per_step": count / steps} for us, key, count in rows[:top]]
+
+
+def measure(name: str, args: argparse.Namespace, device: torch.device) -> Measurement:
+    source, _ = MODELS[name]
+    model, x, y, amp = build_inputs(name, args, device)
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    runner = torch.compile(model) if args.compile else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     @torch.inference_mode()
@@ -164,7 +246,7 @@ def machine_details(device: torch.device, args: argparse.Namespace) -> dict:
         "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None, "timm": _timm_version(),
         "python": platform.python_version(), "batch_size": args.batch_size, "img_size": args.img_size,
         "amp": args.amp, "norm": args.norm, "channels_last": args.channels_last, "compile": args.compile,
-        "steps": args.steps, "warmup": args.warmup,
+        "ln_fused": getattr(args, "ln_fused", False), "ln_native": getattr(args, "ln_native", False), "steps": args.steps, "warmup": args.warmup,
     }
 
 
@@ -240,6 +322,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--norm", choices=("ln", "bn"), default="ln", help="our LN models (the paper's) or BN variants")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile each model (CUDA only)")
+    p.add_argument("--ln-fused", action="store_true",
+                   help="our LN models' LayerNorm2d as one F.layer_norm on the channels-last view")
+    p.add_argument("--ln-native", action="store_true",
+                   help="with --ln-fused: the layer norm in the input's dtype (bf16), not autocast's float32")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also list the N kernels that take most time in an eager training step, per model")
     p.add_argument("--require-timm", action="store_true", help="fail instead of skipping timm models")
     p.add_argument("--out", type=Path, default=Path("runs/throughput"))
     args = p.parse_args(argv)
@@ -272,20 +360,30 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
     torch.manual_seed(0)
     results = []
-    for name in names:
-        log.info("measuring %s ...", name)
-        results.append(measure(name, args, device))
-        # each row as soon as it is known: a run stopped by a time limit (torch.compile is slow) keeps its rows
-        log.info("%s: %s", name, json.dumps(results[-1].to_dict()))
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    profiles: dict[str, list[dict]] = {}
+    undo = patch_layer_norm(args.ln_fused, args.ln_native)
+    try:
+        for name in names:
+            log.info("measuring %s ...", name)
+            results.append(measure(name, args, device))
+            # each row as soon as it is known: a run stopped by a time limit (torch.compile is slow) keeps its rows
+            log.info("%s: %s", name, json.dumps(results[-1].to_dict()))
+            if args.profile:
+                profiles[name] = profile_train_step(name, args, device, args.profile, steps=min(5, args.steps),
+                                                    warmup=min(3, args.warmup))
+                log.info("%s top kernels: %s", name, json.dumps(profiles[name]))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        undo()
     details = machine_details(device, args)
     render(results, details)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "throughput.json").write_text(json.dumps(
-        {"machine": details, "paper_img_s_rtx4090": PAPER_IMG_S, "cpolynext_over_convformer": paper_ratios(results),
-         "results": [r.to_dict() for r in results]},
-        indent=2) + "\n")
+    report = {"machine": details, "paper_img_s_rtx4090": PAPER_IMG_S, "cpolynext_over_convformer": paper_ratios(results),
+              "results": [r.to_dict() for r in results]}
+    if profiles:
+        report["profiles"] = profiles
+    (args.out / "throughput.json").write_text(json.dumps(report, indent=2) + "\n")
     if results:
         plot(results, details, args.out / "throughput.png")
     print(f"wrote {args.out / 'throughput.json'} and {args.out / 'throughput.png'}")
