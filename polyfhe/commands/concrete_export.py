@@ -19,8 +19,10 @@ def export_concrete_program(console: Any, model: Any, name: str, shape: tuple[in
     if calibration is None:
         raise ExportInputError("target concrete quantises on calibration data: pass --calibration (a dataset name "
                                "or an .npy/.npz of inputs)")
-    program = export_concrete(model, calibration, n_bits=args.n_bits,
-                              rounding_threshold_bits=args.rounding_threshold_bits, p_error=args.p_error,
+    # no --rounding-threshold-bits: polyfhe's automatic choice (a small grid scored on the calibration inputs)
+    rounding = "auto" if args.rounding_threshold_bits is None else args.rounding_threshold_bits
+    program = export_concrete(model, calibration, n_bits=args.n_bits, rounding_threshold_bits=rounding,
+                              p_error=args.p_error,
                               input_shape=shape, quantization="post-training", env=args.concrete_env, out=args.out)
     program.save(args.out)
     from rich.table import Table
@@ -42,11 +44,16 @@ def summary_rows(program: Any, name: str, out: Path) -> list[tuple[str, Any]]:
     stats = info.get("statistics", {})
     engine = f"TFHE (Concrete ML {m.versions.get('concrete_ml', '?')})"
     quantisation = f"{m.quantization}, n_bits={m.n_bits}, rounding_threshold_bits={m.rounding_threshold_bits}"
+    keys = info.get("keys") or {}
+    predicted = "-" if "evaluation_keys_bytes" not in keys else (
+        f"{keys['evaluation_keys_bytes'] / 1e6:.0f} MB (predicted before key generation)")
+    cost = (info.get("accuracy_cost") or {}).get("summary", "-")
     return [
         ("model", name), ("program id", m.program_id), ("scheme", engine),
         ("input shape", " x ".join(map(str, m.input_shape))), ("outputs", m.output_size),
         ("quantisation", quantisation),
         ("largest integer", f"{info.get('max_bit_width', '-')} bits"),
+        ("evaluation keys", predicted), ("accuracy against float", cost),
         ("programmable bootstraps", stats.get("programmable_bootstrap_count", "-")),
         ("p_error / global", f"{info.get('p_error', '-')} / {info.get('global_p_error', '-')}"),
         ("polynomial graph", f"{info.get('polynomial')} (degree {info.get('degree')})"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from polyfhe.concrete.env import ConcreteEnvMissing, default_env_dir, find_env, setup_env
 from polyfhe.concrete.export import ConcreteExportError, export_concrete
+from polyfhe.concrete.keys import ConcreteKeysTooLarge
 from polyfhe.concrete.program import (
     ConcreteClient,
     ConcreteProgram,
@@ -19,6 +20,7 @@ from polyfhe.concrete.program import (
 )
 from polyfhe.concrete.worker import ConcreteCallError, ConcreteWorkerDied
 
-__all__ = ["ConcreteCallError", "ConcreteClient", "ConcreteEnvMissing", "ConcreteExportError", "ConcreteProgram",
+__all__ = ["ConcreteCallError", "ConcreteClient", "ConcreteEnvMissing", "ConcreteExportError", "ConcreteKeysTooLarge",
+           "ConcreteProgram",
            "ConcreteProgramError", "ConcreteServer", "ConcreteWorkerDied", "default_env_dir", "export_concrete",
            "find_env", "is_concrete_program", "load_concrete_program", "setup_env"]

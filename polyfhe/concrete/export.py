@@ -5,6 +5,14 @@ quantisation on ``calibration``). With labelled data (``train_data``) and ``quan
 quantised accuracy falls more than ``qat_tolerance`` below its float accuracy is fine-tuned with polyfhe's own
 fake-quant (:mod:`polyfhe.concrete.qat`) and compiled again; the manifest says which quantisation was used and
 what each step measured. Concrete ML's refusals come back as :class:`ConcreteExportError` naming the knob to turn.
+
+Defaults (``n_bits="auto"``, ``rounding_threshold_bits="auto"``): a small grid (:data:`AUTO_N_BITS` x
+:data:`AUTO_ROUNDING`: accumulators rounded to 6 bits, the value Concrete ML's authors recommend, or 5) is compiled and scored against the float model: on ``eval_data``'s labels when given,
+else as the agreement of the top-1 class with the float model's on the calibration inputs. Among the settings
+within :data:`AUTO_TOLERANCE` of the best score, the one with the smallest predicted evaluation keys wins. Each
+candidate's predicted keys (read from the compiled circuit, before any key is made, :mod:`polyfhe.concrete.keys`)
+must fit ``max_keys_bytes`` and the memory free; candidates that do not are stepped over, and settings given
+explicitly that do not are refused, in seconds, with the predicted size.
 """
 
 from __future__ import annotations
@@ -18,6 +26,13 @@ from typing import Any
 import numpy as np
 
 from polyfhe.concrete.env import ConcreteEnv, find_env
+from polyfhe.concrete.keys import (
+    DEFAULT_MAX_KEYS_BYTES,
+    ConcreteKeysTooLarge,
+    check_keys_fit,
+    describe,
+    progress,
+)
 from polyfhe.concrete.program import ConcreteProgram
 from polyfhe.concrete.worker import ConcreteCallError, ConcreteWorkerDied, Worker, array_blob, blob_array
 
@@ -26,7 +41,15 @@ __all__ = ["QUANTIZATION_MODES", "ConcreteExportError", "export_concrete"]
 log = logging.getLogger(__name__)
 
 QUANTIZATION_MODES = ("auto", "post-training", "quantization-aware")
-DEFAULT_N_BITS = 4
+DEFAULT_N_BITS = 4  # what fine-tuning simulates when n_bits is a per-kind dict without op_inputs
+AUTO = "auto"
+# the grid searched when n_bits / rounding_threshold_bits are "auto" (docs/concrete.md has the measurements)
+AUTO_N_BITS = (4, 5, 6)
+# exact rounding (Concrete ML's default method): encrypted results then equal the quantised model's in the clear,
+# which is what the manifest's accuracy measures; {"n_bits": 5, "method": "approximate"} is cheaper but off by one
+# now and then (up to 3.7 in the digits MLP's logits)
+AUTO_ROUNDING = (6, 5)
+AUTO_TOLERANCE = 0.01  # a setting scoring within this of the grid's best counts as good as the best
 MAX_CALIBRATION = 1024
 CONCRETE_OPSET = 14  # Concrete ML 1.9 refuses any other
 # a gentle step: at 1e-3 the digits MLP fitted polyfhe's fake-quant grid (70% -> 87.5%) but lost under Concrete's
@@ -94,24 +117,124 @@ def _as_samples(x: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
     return arr.reshape((-1, *shape))
 
 
-def _compile(worker: Worker, proto: Any, calib: np.ndarray, settings: dict, out: Path,
-             eval_x: np.ndarray | None) -> dict:
-    shape, blob = array_blob(calib)
-    blobs = [proto.SerializeToString(), blob]
-    header = {**settings, "out": str(out), "inputset_shape": shape}
-    if eval_x is not None:
-        header["eval_shape"], eval_blob = array_blob(eval_x)
-        blobs.append(eval_blob)
+def _settings_text(settings: dict) -> str:
+    rounding = settings["rounding_threshold_bits"]
+    if isinstance(rounding, dict):
+        rounding = f"{rounding.get('n_bits')} ({rounding.get('method', 'exact')})"
+    return f"n_bits={settings['n_bits']}, rounding_threshold_bits={rounding}"
+
+
+def _compile(worker: Worker, proto: Any, calib: np.ndarray, settings: dict, out: Path | None,
+             eval_x: np.ndarray | None, *, max_keys_bytes: int | None = DEFAULT_MAX_KEYS_BYTES,
+             check: bool = True) -> dict:
+    """Compile one setting in the worker; ``out`` None: only compile and score (a grid candidate, nothing saved).
+    The reply's ``keys`` is Concrete's key-size prediction; with ``check``, keys that would not fit are refused
+    here, before any key is made. ``calibration_logits``: the quantised model on ``calib``; with ``eval_x``,
+    ``quantized_logits`` and (when saved) ``simulated_logits`` on it."""
+    calib_shape, calib_blob = array_blob(calib)
+    score_x = calib if eval_x is None else np.concatenate([calib, eval_x])
+    score_shape, score_blob = array_blob(score_x)
+    blobs = [proto.SerializeToString(), calib_blob, score_blob]
+    header = {**settings, "inputset_shape": calib_shape, "eval_shape": score_shape, "save": out is not None,
+              "simulate": False}
+    if out is not None:
+        header["out"] = str(out)
     try:
-        reply, outs = worker.call("compile", header, blobs)
+        with progress("compiling" if out is None else "compiling and saving", _settings_text(settings)):
+            reply, outs = worker.call("compile", header, blobs)
+            logits = blob_array(outs[0], reply.pop("disable_shape"))
+            if out is not None and eval_x is not None:  # Concrete's FHE simulation on the evaluation data only
+                _, eval_blob = array_blob(eval_x)
+                header = {**header, "save": False, "simulate": True, "eval_shape": list(eval_x.shape)}
+                sim, sim_outs = worker.call("compile", header, blobs[:2] + [eval_blob])
+                reply["simulated_logits"] = blob_array(sim_outs[1], sim["simulate_shape"])
+                reply["simulate_seconds"] = sim.get("simulate_seconds")
     except ConcreteCallError as exc:
         raise ConcreteExportError(_explain(exc, settings, proto)) from None
     except ConcreteWorkerDied as exc:
         raise ConcreteExportError(f"Concrete ML's compiler process ended ({exc}); try a smaller n_bits") from None
+    reply["calibration_logits"] = logits[:len(calib)]
     if eval_x is not None:
-        reply["quantized_logits"] = blob_array(outs[0], reply.pop("disable_shape"))
-        reply["simulated_logits"] = blob_array(outs[1], reply.pop("simulate_shape"))
+        reply["quantized_logits"] = logits[len(calib):]
+    if check:
+        try:
+            check_keys_fit(reply.get("keys"), max_keys_bytes, settings=_settings_text(settings))
+        except ConcreteKeysTooLarge as exc:
+            raise ConcreteExportError(f"Concrete ML compiled the model, but {exc}") from None
     return reply
+
+
+def _candidates(n_bits: Any, rounding: Any, p_error: float | None) -> list[dict]:
+    """The settings to try: the grid over whichever knob is "auto" (the cheapest-looking first), or the one given."""
+    bits = list(AUTO_N_BITS) if n_bits == AUTO else [n_bits]
+    roundings = list(AUTO_ROUNDING) if rounding == AUTO else [rounding]
+    return [{"n_bits": b, "rounding_threshold_bits": r, "p_error": p_error} for b in bits for r in roundings]
+
+
+def _search(worker: Worker, proto: Any, calib: np.ndarray, grid: list[dict], eval_x: np.ndarray | None,
+            eval_y: np.ndarray | None, max_keys_bytes: int | None) -> tuple[dict, dict]:
+    """Compile every candidate (seconds each for small models), score it against the float model and read its
+    predicted keys; keep those whose keys fit, then, among those within AUTO_TOLERANCE of the best score, the one
+    with the smallest keys. Returns (settings, what the search saw, for the manifest)."""
+    float_calib = _float_logits(proto, calib).reshape(len(calib), -1).argmax(1)
+    on = "eval_data accuracy" if eval_y is not None else "top-1 agreement with the float model on the calibration inputs"
+    rows = []
+    for settings in grid:
+        try:
+            reply = _compile(worker, proto, calib, settings, None, eval_x, check=False)
+        except ConcreteExportError as exc:
+            rows.append({**settings, "error": str(exc)[:300]})
+            log.info("auto settings: %s does not compile (%s)", _settings_text(settings), str(exc)[:200])
+            continue
+        score = (_accuracy(reply["quantized_logits"], eval_y) if eval_y is not None
+                 else float((reply["calibration_logits"].reshape(len(calib), -1).argmax(1) == float_calib).mean()))
+        row = {**settings, "score": score, "max_bit_width": reply.get("max_bit_width"),
+               "evaluation_keys_bytes": (reply.get("keys") or {}).get("evaluation_keys_bytes"),
+               "complexity": (reply.get("keys") or {}).get("complexity")}
+        try:
+            check_keys_fit(reply.get("keys"), max_keys_bytes, settings=_settings_text(settings))
+            row["fits"] = True
+        except ConcreteKeysTooLarge as exc:
+            row["fits"], row["refused"] = False, str(exc)
+            log.warning("auto settings: stepping over %s: %s", _settings_text(settings), exc)
+        rows.append(row)
+        log.info("auto settings: %s scores %.3f, evaluation keys %.0f MB", _settings_text(settings), score,
+                 (row["evaluation_keys_bytes"] or 0) / 1e6)
+    fitting = [r for r in rows if r.get("fits")]
+    if not fitting:
+        sizes = [r for r in rows if r.get("evaluation_keys_bytes")]
+        smallest = min(sizes, key=lambda r: r["evaluation_keys_bytes"]) if sizes else None
+        raise ConcreteExportError("no automatic setting fits: " + (smallest.get("refused") or smallest.get("error", "")
+                                                                    if smallest else rows[0].get("error", "")))
+    best = max(r["score"] for r in fitting)
+    good = [r for r in fitting if r["score"] >= best - AUTO_TOLERANCE]
+    chosen = min(good, key=lambda r: (r["evaluation_keys_bytes"] or 0, -r["score"]))
+    settings = {k: chosen[k] for k in ("n_bits", "rounding_threshold_bits", "p_error")}
+    log.info("auto settings: chose %s (score %.3f, best %.3f, %s)", _settings_text(settings), chosen["score"], best,
+             on)
+    return settings, {"scored_on": on, "tolerance": AUTO_TOLERANCE, "chosen": settings, "candidates": rows}
+
+
+def _agreement(proto: Any, x: np.ndarray, quantized_logits: np.ndarray) -> float:
+    """How often the quantised model's top-1 class equals the float model's on ``x``."""
+    want = _float_logits(proto, x).reshape(len(x), -1).argmax(1)
+    return float((np.asarray(quantized_logits).reshape(len(x), -1).argmax(1) == want).mean())
+
+
+def _accuracy_cost(info: dict) -> dict:
+    """What quantisation costs against the float model, as the manifest states it."""
+    cost: dict[str, Any] = {"calibration_agreement": info.get("calibration_agreement")}
+    acc = info.get("accuracy")
+    if acc:
+        cost.update(float=acc["float"], quantized=acc["quantized"], loss=acc["float"] - acc["quantized"],
+                    samples=acc["samples"])
+        cost["summary"] = (f"accuracy {acc['quantized']:.3f} quantised vs {acc['float']:.3f} float on "
+                           f"{acc['samples']} eval samples (loss {cost['loss']:+.3f})")
+    else:
+        cost["summary"] = (f"the quantised model picks the float model's class on "
+                           f"{100 * (info.get('calibration_agreement') or 0):.1f}% of the calibration inputs (no "
+                           "labels given: pass eval_data for accuracy)")
+    return cost
 
 
 def _accuracy(logits: np.ndarray, y: np.ndarray) -> float:
@@ -128,16 +251,21 @@ def _float_logits(proto, x: np.ndarray) -> np.ndarray:
                            for i in range(0, len(x), 256)])
 
 
-def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict = DEFAULT_N_BITS,
-                    rounding_threshold_bits: int | None = None, p_error: float | None = None,
+def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict | str = AUTO,
+                    rounding_threshold_bits: int | dict | str | None = AUTO, p_error: float | None = None,
                     input_shape: tuple[int, ...] | None = None, quantization: str = "auto",
                     train_data: tuple[Any, Any] | None = None, eval_data: tuple[Any, Any] | None = None,
                     qat_epochs: int = 3, qat_tolerance: float = 0.01, env: ConcreteEnv | str | Path | None = None,
-                    out: str | Path | None = None) -> ConcreteProgram:
+                    out: str | Path | None = None,
+                    max_keys_bytes: int | None = DEFAULT_MAX_KEYS_BYTES) -> ConcreteProgram:
     """Compile ``model`` (module, ONNX path/bytes/ModelProto) for Concrete ML; see the module docstring.
 
+    ``n_bits`` / ``rounding_threshold_bits``: Concrete ML's knobs; ``"auto"`` (the default) searches
+    :data:`AUTO_N_BITS` / :data:`AUTO_ROUNDING`; ``rounding_threshold_bits=None`` rounds nothing.
     ``eval_data`` (x, y): accuracy of the float, quantised (clear) and simulated-FHE model, in the manifest.
-    ``out``: where the program's files go (default: a temporary folder that lives as long as the program)."""
+    ``out``: where the program's files go (default: a temporary folder that lives as long as the program).
+    ``max_keys_bytes``: the largest serialised evaluation keys accepted (the server's default context limit; None:
+    no limit); keys that would also not fit the memory free are refused too."""
     import onnx
 
     from polyfhe.analysis import analyze
@@ -147,7 +275,8 @@ def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict = DEFAUL
     if quantization == "quantization-aware" and train_data is None:
         raise ValueError("quantization='quantization-aware' needs train_data=(x, y) to fine-tune on")
     environment = env if isinstance(env, ConcreteEnv) else find_env(env)
-    settings = {"n_bits": n_bits, "rounding_threshold_bits": rounding_threshold_bits, "p_error": p_error}
+    grid = _candidates(n_bits, rounding_threshold_bits, p_error)
+    settings = grid[0]
     if input_shape is None and not isinstance(model, (str, Path, bytes)) and hasattr(model, "forward") \
             and getattr(model, "input_shape", None) is None:
         input_shape = tuple(np.shape(calibration)[1:])  # a plain torch module: its inputs look like these
@@ -168,16 +297,20 @@ def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict = DEFAUL
         report = analyze(proto)
         info: dict[str, Any] = {"model_name": name, "polynomial": report.polynomial, "degree": report.degree,
                                 "mult_depth": report.mult_depth}
-        reply = _compile(worker, proto, calib, settings, folder, eval_x)
+        if len(grid) > 1:
+            settings, info["auto"] = _search(worker, proto, calib, grid, eval_x, eval_y, max_keys_bytes)
+        reply = _compile(worker, proto, calib, settings, folder, eval_x, max_keys_bytes=max_keys_bytes)
+        info["keys"] = reply.get("keys")
+        info["calibration_agreement"] = _agreement(proto, calib, reply["calibration_logits"])
         used = "post-training"
         if eval_x is not None:
             info["accuracy"] = _accuracies(model, proto, reply, eval_x, eval_y)
         if _wants_qat(quantization, train_data, info.get("accuracy"), qat_tolerance):
-            tuned, qat_info = _finetune(model, proto, train_data, eval_data, shape, n_bits, qat_epochs)
+            tuned, qat_info = _finetune(model, proto, train_data, eval_data, shape, settings["n_bits"], qat_epochs)
             tuned_proto, _ = to_concrete_onnx(tuned, shape, check_x=calib[:16])
             ptq_accuracy = info.get("accuracy")
             info["post_training"] = {"accuracy": ptq_accuracy, "max_bit_width": reply["max_bit_width"]}
-            reply = _compile(worker, tuned_proto, calib, settings, folder, eval_x)
+            reply = _compile(worker, tuned_proto, calib, settings, folder, eval_x, max_keys_bytes=max_keys_bytes)
             info["qat"] = qat_info
             tuned_accuracy = None if eval_x is None else _accuracies(tuned, tuned_proto, reply, eval_x, eval_y)
             if quantization == "auto" and tuned_accuracy["quantized"] <= ptq_accuracy["quantized"]:
@@ -185,24 +318,30 @@ def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict = DEFAUL
                 log.warning("quantization-aware fine-tuning reached %.3f, post-training %.3f: keeping the latter",
                             tuned_accuracy["quantized"], ptq_accuracy["quantized"])
                 info["qat"]["kept"], info["qat"]["accuracy"] = False, tuned_accuracy
-                reply = _compile(worker, proto, calib, settings, folder, eval_x)
+                reply = _compile(worker, proto, calib, settings, folder, eval_x, max_keys_bytes=max_keys_bytes)
                 used = "post-training (quantization-aware fine-tuning tried, not kept)"
             else:
                 proto, used = tuned_proto, f"quantization-aware (polyfhe fake-quant, {qat_epochs} epochs)"
                 info["qat"]["kept"] = True
                 if tuned_accuracy is not None:
                     info["accuracy"] = tuned_accuracy
+            info["keys"] = reply.get("keys")
+            info["calibration_agreement"] = _agreement(proto, calib, reply["calibration_logits"])
         info.update({k: reply[k] for k in ("compile_seconds", "max_bit_width", "p_error", "global_p_error",
                                            "statistics") if k in reply})
+        info["accuracy_cost"] = _accuracy_cost(info)
     finally:
         worker.close()
     onnx.save(proto, str(folder / "model.onnx"))
     output_size = int(np.prod([d.dim_value for d in proto.graph.output[0].type.tensor_type.shape.dim][1:]))
     program = ConcreteProgram.create(folder, (1, *shape), output_size, settings, used, versions, info, owned)
+    program.evaluation = {"calibration": reply["calibration_logits"]}  # the quantised model, in the clear
     if eval_x is not None:
-        program.evaluation = {"quantized": reply["quantized_logits"], "simulated": reply["simulated_logits"]}
-    log.info("compiled %s for Concrete ML: %s quantisation at n_bits=%s, max bit width %s", name, used, n_bits,
-             info.get("max_bit_width"))
+        program.evaluation.update(quantized=reply["quantized_logits"], simulated=reply["simulated_logits"])
+    log.info("compiled %s for Concrete ML: %s quantisation at n_bits=%s, rounding_threshold_bits=%s, max bit width "
+             "%s; %s; %s", name, used, settings["n_bits"], settings["rounding_threshold_bits"],
+             info.get("max_bit_width"), describe(info["keys"]) if info.get("keys") else "no key prediction",
+             info["accuracy_cost"]["summary"])
     return program
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from polyfhe.concrete.keys import check_keys_fit, describe, progress
 from polyfhe.concrete.worker import ConcreteCallError, ConcreteWorkerDied, Worker, array_blob, blob_array
 from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
 
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = "polyfhe-concrete/1"
 FILES = ("client.zip", "server.zip", "model.onnx")
-DEFAULT_MAX_KEYS_BYTES = 4 << 30
+DEFAULT_MAX_KEYS_BYTES = 4 << 30  # polyfhe.concrete.keys.DEFAULT_MAX_KEYS_BYTES: the server's context limit
 DEFAULT_MAX_CIPHERTEXT_BYTES = 64 << 20
 
 
@@ -46,7 +47,7 @@ class ConcreteManifest:
     input_shape: tuple[int, ...]
     output_size: int
     n_bits: int | dict
-    rounding_threshold_bits: int | None
+    rounding_threshold_bits: int | dict | None
     p_error: float | None
     quantization: str  # "post-training" or "quantization-aware" (and how)
     versions: dict[str, str]
@@ -115,8 +116,9 @@ class ConcreteProgram:
 
     def __init__(self, manifest: ConcreteManifest, directory: Path, owned: tempfile.TemporaryDirectory | None = None):
         self.manifest, self.directory, self._owned = manifest, Path(directory), owned
-        # set by export when it had eval_data: per-sample logits of the quantised model in the clear and of
-        # Concrete's FHE simulation (kept in memory only, for checks and benchmarks)
+        # set by export: per-sample logits of the quantised model in the clear on the calibration inputs
+        # ("calibration") and, with eval_data, on those ("quantized") and of Concrete's FHE simulation ("simulated");
+        # kept in memory only, for checks and benchmarks
         self.evaluation: dict[str, np.ndarray] = {}
 
     @classmethod
@@ -199,14 +201,22 @@ def _check_identity(header: dict, manifest: ConcreteManifest, what: str) -> None
 
 
 class ConcreteClient:
-    """Key holder: keys are made in a worker process and the secret key never leaves it (nor touches disk)."""
+    """Key holder: keys are made in a worker process and the secret key never leaves it (nor touches disk).
 
-    def __init__(self, program: ConcreteProgram, threads: int | None = None) -> None:
+    Before any key is made, the manifest's prediction (``info["keys"]``, read from the compiled circuit) is checked
+    against ``max_keys_bytes`` (the server's default context limit; None: no limit) and the memory free:
+    :class:`~polyfhe.concrete.keys.ConcreteKeysTooLarge` says what would not fit, in seconds."""
+
+    def __init__(self, program: ConcreteProgram, threads: int | None = None,
+                 max_keys_bytes: int | None = DEFAULT_MAX_KEYS_BYTES) -> None:
         self.program = program
+        predicted = program.manifest.info.get("keys")
+        check_keys_fit(predicted, max_keys_bytes)
         self._worker = Worker("client", threads=threads)
         self._worker.call("client_open", {"dir": str(program.directory.resolve())})
         t0 = time.perf_counter()
-        _, (keys,) = self._worker.call("keygen")
+        with progress("making keys", describe(predicted) if predicted else "no size prediction in the manifest"):
+            _, (keys,) = self._worker.call("keygen")
         self.keygen_seconds = time.perf_counter() - t0
         self._public = pack(KIND_CONTEXT, program.manifest.identity(), {"evaluation_keys": keys})
 

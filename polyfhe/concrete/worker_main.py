@@ -108,23 +108,80 @@ def cmd_ping(header, blobs):
             "torch": torch.__version__, "python": sys.version.split()[0]}, []
 
 
-def cmd_compile(header, blobs):
+def predict_keys(circuit):
+    """What the compiled circuit's keys will take, read before any key is made.
+
+    ``evaluation_keys_bytes``: the serialised evaluation keys, counted from the key set's parameters the way
+    Concrete writes them (seeded keys keep one body per row when ``compress_evaluation_keys`` is on): a bootstrap
+    key is n_in * level * (k+1) * N words (times k+1 more uncompressed), a keyswitch key n_in * level words (times
+    n_out+1). ``*_in_memory``: Concrete's own compilation feedback (``size_of_bootstrap_keys`` and
+    ``size_of_keyswitch_keys``), the expanded keys the key generator holds."""
+    keyset = circuit.server.program_info.get_keyset_info()
+    compressed = bool(getattr(circuit.configuration, "compress_evaluation_keys", False))
+    dims = [key.dimension() for key in keyset.secret_keys()]
+    bootstrap, keyswitch, params = 0, 0, []
+    for key in keyset.bootstrap_keys():
+        rows = key.input_lwe_dimension() * key.level() * (key.glwe_dimension() + 1)
+        bootstrap += 8 * rows * key.polynomial_size() * (1 if compressed else key.glwe_dimension() + 1)
+        params.append({"polynomial_size": key.polynomial_size(), "glwe_dimension": key.glwe_dimension(),
+                       "input_lwe_dimension": key.input_lwe_dimension(), "level": key.level()})
+    for key in keyset.keyswitch_keys():
+        n_in, n_out = dims[key.input_secret_key_id()], dims[key.output_secret_key_id()]
+        keyswitch += 8 * n_in * key.level() * (1 if compressed else n_out + 1)
+    packing = keyset.packing_keyswitch_keys()
+    prediction = {"evaluation_keys_bytes": bootstrap + keyswitch, "bootstrap_keys_bytes": bootstrap,
+                  "keyswitch_keys_bytes": keyswitch, "packing_keyswitch_keys": len(packing),
+                  "compressed": compressed, "bootstrap_keys": params}
+    for name, attr in (("bootstrap_keys_bytes_in_memory", "size_of_bootstrap_keys"),
+                       ("keyswitch_keys_bytes_in_memory", "size_of_keyswitch_keys"),
+                       ("secret_keys_bytes", "size_of_secret_keys"), ("complexity", "complexity")):
+        try:
+            prediction[name] = int(getattr(circuit, attr))
+        except Exception:  # noqa: BLE001, S112 - absent from some Concrete versions: report what exists
+            continue
+    if packing:  # not counted above: bound them by the expanded size Concrete reports for keyswitch keys
+        prediction["evaluation_keys_bytes"] += prediction.get("keyswitch_keys_bytes_in_memory", 0)
+    return prediction
+
+
+def _compiled(header, blobs):
+    """Concrete ML's quantised module for these settings, compiled once per worker (a grid's candidates are kept,
+    so saving the chosen one does not compile it again)."""
+    import hashlib
+
     import onnx
-    from concrete.ml.deployment import FHEModelDev
     from concrete.ml.torch.compile import compile_onnx_model
 
+    settings = {k: header.get(k) for k in ("n_bits", "rounding_threshold_bits", "p_error", "global_p_error")}
+    digest = hashlib.sha256(blobs[0] + blobs[1] + json.dumps(settings, sort_keys=True).encode()).hexdigest()
+    cache = STATE.setdefault("compiled", {})
+    if digest in cache:
+        return cache[digest], 0.0
     model = onnx.load_from_string(blobs[0])
     inputset = to_array(blobs[1], header["inputset_shape"]).astype("float32")
     t0 = time.perf_counter()
-    qm = compile_onnx_model(model, inputset, n_bits=header["n_bits"],
-                            rounding_threshold_bits=header.get("rounding_threshold_bits"),
-                            p_error=header.get("p_error"), global_p_error=header.get("global_p_error"))
+    qm = compile_onnx_model(model, inputset, n_bits=settings["n_bits"],
+                            rounding_threshold_bits=settings["rounding_threshold_bits"],
+                            p_error=settings["p_error"], global_p_error=settings["global_p_error"])
     seconds = time.perf_counter() - t0
-    staging = tempfile.mkdtemp(dir=header["out"])  # Concrete ML saves only into an empty folder
-    FHEModelDev(staging, qm).save()
-    for name in os.listdir(staging):
-        os.replace(os.path.join(staging, name), os.path.join(header["out"], name))
-    os.rmdir(staging)
+    if len(cache) >= 16:
+        cache.pop(next(iter(cache)))
+    cache[digest] = qm
+    return qm, seconds
+
+
+def cmd_compile(header, blobs):
+    """Compile (or reuse) one setting; ``save`` (default true) writes the program into ``out``; with a third blob,
+    the quantised model's outputs on it (``simulate``, default true: Concrete's FHE simulation's too)."""
+    from concrete.ml.deployment import FHEModelDev
+
+    qm, seconds = _compiled(header, blobs)
+    if header.get("save", True):
+        staging = tempfile.mkdtemp(dir=header["out"])  # Concrete ML saves only into an empty folder
+        FHEModelDev(staging, qm).save()
+        for name in os.listdir(staging):
+            os.replace(os.path.join(staging, name), os.path.join(header["out"], name))
+        os.rmdir(staging)
     circuit = qm.fhe_circuit
     stats = {}
     for key in ("programmable_bootstrap_count", "key_switch_count", "packing_key_switch_count",
@@ -137,11 +194,11 @@ def cmd_compile(header, blobs):
             continue
     reply = {"compile_seconds": seconds, "max_bit_width": int(circuit.graph.maximum_integer_bit_width()),
              "p_error": float(circuit.p_error), "global_p_error": float(circuit.global_p_error),
-             "statistics": {k: v for k, v in stats.items() if v is not None}}
+             "statistics": {k: v for k, v in stats.items() if v is not None}, "keys": predict_keys(circuit)}
     out = []
     if len(blobs) > 2:
         x = to_array(blobs[2], header["eval_shape"]).astype("float32")
-        for mode in ("disable", "simulate"):
+        for mode in ("disable", "simulate") if header.get("simulate", True) else ("disable",):
             t0 = time.perf_counter()
             meta, blob = from_array(qm.forward(x, fhe=mode))
             reply[f"{mode}_shape"] = meta["shape"]
@@ -175,7 +232,9 @@ def cmd_keygen(header, blobs):
 
 
 def cmd_encrypt(header, blobs):
-    x = to_array(blobs[0], header["shape"])
+    # float32, as compile quantised the calibration and evaluation inputs: an input exactly on a quantiser step's
+    # midpoint (the digits' 8 at n_bits=6) rounds one way in float32 and the other in float64
+    x = to_array(blobs[0], header["shape"]).astype("float32")
     return {}, [STATE["client"].quantize_encrypt_serialize(x)]
 
 
