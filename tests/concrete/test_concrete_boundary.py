@@ -243,3 +243,19 @@ def test_dilated_convolutions_are_named():
                                       "dilation"), {"n_bits": 4, "rounding_threshold_bits": None, "p_error": None},
                     helper.make_model(graph))
     assert "/stage1/dw/Conv (dilations [2, 2])" in text and "undilated" in text
+
+
+def test_key_prediction_checks_limit_and_memory():
+    """The refusal before key generation (no Concrete needed): the server's limit, then the memory free."""
+    from polyfhe.concrete.keys import ConcreteKeysTooLarge, check_keys_fit, keygen_memory_bytes
+
+    keys = {"evaluation_keys_bytes": 3_440_000_000, "bootstrap_keys_bytes_in_memory": 6_860_000_000,
+            "keyswitch_keys_bytes_in_memory": 4_010_000_000}
+    check_keys_fit(keys, 4 << 30, free_bytes=None)
+    check_keys_fit(None, 1)  # a manifest without a prediction: nothing to check
+    with pytest.raises(ConcreteKeysTooLarge, match=r"would be 3\.44 GB.*over the server's limit of 1\.07 GB.*"
+                                                   r"--max-context-mb 3282"):
+        check_keys_fit(keys, 1 << 30, free_bytes=None)
+    assert keygen_memory_bytes(keys) == 3_440_000_000 + 10_870_000_000 + (1 << 30)
+    with pytest.raises(ConcreteKeysTooLarge, match=r"about 15\.38 GB of memory.*more than the 8\.00 GB"):
+        check_keys_fit(keys, None, free_bytes=8_000_000_000)

@@ -214,3 +214,74 @@ def test_user_style_channel_split_compiles_after_shape_folding(tmp_path):
         server.close()
     finally:
         client.close()
+
+
+@pytest.fixture(scope="module")
+def first_model():
+    """Issue 42's digits MLP as a new user writes it: raw scikit-learn digits (0..16), BatchNorm, x*x."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = x.astype(np.float32)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 16), nn.BatchNorm1d(16), Square(), nn.Linear(16, 10))
+    return train(net, epochs=20, data=(x[:1400], y[:1400])), x
+
+
+def test_defaults_serve_a_first_model(first_model):
+    """Defaults only: compile and keys in well under 2 minutes, keys well under 1 GB (predicted exactly before they
+    are made), encrypted argmax equal to the quantised model's on 10 samples, accuracy cost in the manifest."""
+    import time
+
+    import polyfhe
+
+    net, x = first_model
+    t0 = time.perf_counter()
+    prog = polyfhe.export(net, target="concrete", calibration=x[:300], input_shape=(64,))
+    info = prog.manifest.info
+    assert info["auto"]["chosen"] == {"n_bits": prog.manifest.n_bits,
+                                      "rounding_threshold_bits": prog.manifest.rounding_threshold_bits,
+                                      "p_error": None}
+    assert len(info["auto"]["candidates"]) == 6 and prog.manifest.rounding_threshold_bits is not None
+    assert info["accuracy_cost"]["calibration_agreement"] >= 0.95 and "calibration inputs" in \
+        info["accuracy_cost"]["summary"]
+    predicted = info["keys"]["evaluation_keys_bytes"]
+    assert predicted < 400e6
+    client = prog.client()
+    try:
+        seconds = time.perf_counter() - t0
+        context = client.public_context()
+        assert seconds < 120, seconds  # issue 42: about 20 minutes with the old defaults
+        assert len(context) < 500e6
+        assert abs(len(context) - predicted) < 0.01 * predicted + 4096  # the prediction is the size, not a bound
+        server = prog.server(context)
+        try:
+            for i in range(10):
+                out = client.decrypt(server.run(client.encrypt(x[i])))
+                np.testing.assert_allclose(out[0], prog.evaluation["calibration"][i], rtol=0, atol=1e-6)
+                assert out[0].argmax() == prog.evaluation["calibration"][i].argmax()
+        finally:
+            server.close()
+    finally:
+        client.close()
+    # a client asked for keys past its limit is refused from the manifest's prediction, before any key is made
+    from polyfhe.concrete import ConcreteKeysTooLarge
+
+    t1 = time.perf_counter()
+    with pytest.raises(ConcreteKeysTooLarge, match=r"would be 0\.\d\d GB .*before any key is made.*--max-context-mb"):
+        prog.client(max_keys_bytes=10 << 20)
+    assert time.perf_counter() - t1 < 5
+
+
+def test_keys_that_would_not_fit_are_refused_before_keygen(first_model):
+    """No rounding (what the old defaults did): accumulators of 9 bits and keys of gigabytes. Refused in seconds,
+    after compiling and before any key is made, with the predicted size and the knobs."""
+    import time
+
+    net, x = first_model
+    t0 = time.perf_counter()
+    with pytest.raises(ConcreteExportError, match=r"evaluation keys at n_bits=4, rounding_threshold_bits=None would "
+                                                  r"be \d+\.\d\d GB .*before any key is made.*rounding_threshold_bits"):
+        export_concrete(net, x[:300], n_bits=4, rounding_threshold_bits=None, input_shape=(64,),
+                        max_keys_bytes=1 << 30)  # a server run with --max-context-mb 1024
+    assert time.perf_counter() - t0 < 60
