@@ -26,7 +26,9 @@ def valid(server, programs, samples):
                           timeout=120)
     assert response.status_code == 201, response.text
     pids = [w["pid"] for w in httpx.get(f"{server.url}/v1/stats").json()["host"]["processes"]]
-    return client, response.json()["session_id"], client.encrypt(samples[0][:1]), context, pids
+    session_id = response.json()["session_id"]
+    yield client, session_id, client.encrypt(samples[0][:1]), context, pids
+    httpx.delete(f"{server.url}/v1/sessions/{session_id}")  # the shared server: leave no session behind
 
 
 def _hot_offsets(data: bytes, kind: bytes) -> list[int]:
