@@ -309,7 +309,7 @@ def _scan_buffer(n: int, primes: int) -> np.ndarray:
 
 
 def scan_polynomial(source, offset: int, n: int, moduli: np.ndarray, what: str, *,
-                    degenerate: str | None = "constant", error: type[Exception] = None,
+                    degenerate: str | None = "constant", error: type[Exception] | None = None,
                     buffer: np.ndarray | None = None, row_stride: int | None = None) -> None:
     """Check one RNS polynomial of ``len(moduli)`` rows of ``n`` little-endian u64 residues at ``offset``.
 

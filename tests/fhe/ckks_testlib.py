@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib.util
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -98,3 +102,20 @@ def export_square_mlp(hidden: int, classes: int, calibration_samples: int = 64, 
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), Square(), nn.Linear(hidden, classes)).eval()
     calib = np.random.default_rng(0).random((calibration_samples, 1, 8, 8)).astype(np.float32)
     return polyfhe.export(model, target="ckks", calibration=calib, input_shape=(1, 8, 8), **kwargs)
+
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@contextlib.contextmanager
+def bench_module(name: str):
+    """``bench/NAME.py`` imported under a private name, with bench/ on sys.path while it is in use (benchmarks
+    import their siblings by name)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}_under_test", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH))

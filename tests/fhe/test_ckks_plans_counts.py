@@ -3,25 +3,14 @@ predictions, ``planned_*``), and its table says which."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from ckks_testlib import bench_module
 
 
 @pytest.fixture(scope="module")
 def plans():
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_ckks_plans_under_test", BENCH / "ckks_plans.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with bench_module("ckks_plans") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCH))
 
 
 def test_lattigo_rotations_are_read_from_its_planned_counts(plans):

@@ -53,7 +53,7 @@ WHAT = {"public_key": "public key", "relin_keys": "relin keys", "galois_keys": "
 
 
 def test_the_layout_carries_each_levels_primes(setup):
-    program, _, seal, _, _ = setup
+    _, _, seal, _, _ = setup
     layout = seal.layout
     key = [q.value() for q in seal.context.key_context_data().parms().coeff_modulus()]
     assert list(layout.key_moduli) == key and layout.key_primes == len(key)
@@ -174,7 +174,7 @@ def _fd_with(data: bytes, pad: int = 3) -> int:
 
 @pytest.mark.parametrize("source", ["fd", "bytes"])
 def test_the_scan_reads_files_and_buffers_in_chunks(source, monkeypatch):
-    import polyfhe.fhe.sealbytes as sealbytes
+    from polyfhe.fhe import sealbytes
 
     monkeypatch.setattr(sealbytes, "SCAN_BYTES", 16 * 8)  # one row at a time: the chunked path
     rng = np.random.default_rng(1)
@@ -269,11 +269,11 @@ def test_lattigo_evaluation_keys_are_scanned():
     check_evaluation_keys(data, KeyShape(n, len(LQ), len(LP), 2 * n), elements, True)  # without the primes
     relin_first_row = 1 + 16 + 16 + 8 + 8  # flag, decomposition + rows, columns + pair, Q count, degree
     cases = (
-        (relin_first_row, bytes(8 * n), "the relinearisation key, row 0 column 0 component 0, Q part: every "
-                                        "residue modulo prime 0 .* is 0, a zero polynomial"),
+        (relin_first_row, bytes(8 * n), ("the relinearisation key, row 0 column 0 component 0, Q part: every "
+                                         "residue modulo prime 0 .* is 0, a zero polynomial")),
         (relin_first_row, struct.pack("<Q", 9) * n, r"is 9, a constant \(9\) polynomial"),
-        (relin_first_row + 8 * (n + 1), struct.pack("<Q", LQ[1]), rf"residue 0 modulo prime 1 \(q={LQ[1]}\) is "
-                                                                  rf"{LQ[1]}, not below its prime"),
+        (relin_first_row + 8 * (n + 1), struct.pack("<Q", LQ[1]), (rf"residue 0 modulo prime 1 \(q={LQ[1]}\) is "
+                                                                   rf"{LQ[1]}, not below its prime")),
     )
     for offset, values, reason in cases:
         with pytest.raises(WireError, match=f"evaluation keys: .*{reason}"):
@@ -441,7 +441,8 @@ def test_the_limit_stops_an_allocation_past_it():
         except MemoryError:
             print("refused")
     """)
-    out = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-I", "-c", script], check=False, capture_output=True, text=True,
+                         timeout=60)
     assert out.stdout.strip() == "refused", out.stderr
 
 

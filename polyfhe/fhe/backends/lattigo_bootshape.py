@@ -33,6 +33,7 @@ import math
 from functools import lru_cache
 
 from polyfhe.fhe.backends.lattigo_bytes import BootKeyShape
+from polyfhe.fhe.backends.lattigo_format import best_bsgs_n1
 
 __all__ = ["bootstrap_galois_elements", "bootstrap_key_shape", "circuit_levels", "dft_rotations",
            "expected_bootstrap_keys"]
@@ -111,37 +112,7 @@ def _dft_index_maps(log_slots: int, levels: tuple[int, ...], encode: bool, log_n
     return maps
 
 
-# --- circuits/common/lintrans/lintrans.go --------------------------------------------------------------------
-def _bsgs_index(diagonals, slots: int, n1: int) -> tuple[set[int], set[int]]:
-    """``BSGSIndex``: the giant-step (multiples of n1) and baby-step (below n1) rotations of ``diagonals``."""
-    giants, babies = set(), set()
-    for rot in diagonals:
-        rot &= slots - 1
-        giants.add(((rot // n1) * n1) & (slots - 1))
-        babies.add(rot & (n1 - 1))
-    return giants, babies
-
-
-def _best_bsgs_ratio(diagonals, max_n: int, log_max_ratio: int) -> int:
-    """``FindBestBSGSRatio``: the first power of two n1 whose baby/giant rotation ratio reaches 2^log_max_ratio
-    (n1/2 where it overshoots). Go's float division: x/0 is +Inf, 0/0 NaN (compares false)."""
-    max_ratio = float(1 << log_max_ratio)
-    n1 = 1
-    while n1 < max_n:
-        giants, babies = _bsgs_index(diagonals, max_n, n1)
-        nb1, nb2 = len(giants) - 1, len(babies) - 1
-        if nb1:
-            ratio = nb2 / nb1
-        else:
-            ratio = math.inf if nb2 else math.nan
-        if ratio == max_ratio:
-            return n1
-        if ratio > max_ratio:
-            return n1 // 2
-        n1 <<= 1
-    return 1
-
-
+# --- circuits/common/lintrans/lintrans.go: BSGSIndex and FindBestBSGSRatio are lattigo_format's ---------------
 def _add_matrix_rotations(diagonals: set[int], rotations: list[int], n1: int, slots: int, repack: bool) -> None:
     """``addMatrixRotToList``: a factor of fewer than three diagonals is rotated by each (0 included: Galois
     element 1); else its non-zero giant steps (mod 2*slots when repacking, else mod slots) and baby steps."""
@@ -173,7 +144,7 @@ def dft_rotations(log_slots: int, levels: tuple[int, ...], encode: bool, log_n: 
         if encode:
             rotations.append(slots)
     for i, diagonals in enumerate(_dft_index_maps(log_slots, levels, encode, log_n)):
-        n1 = _best_bsgs_ratio(diagonals, dslots, log_bsgs_ratio)
+        n1 = best_bsgs_n1(diagonals, dslots, log_bsgs_ratio)
         _add_matrix_rotations(diagonals, rotations, n1, slots, not encode and log_slots < log_n - 1 and i == 0)
     return rotations
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from polyfhe.fhe.client import galois_element as rotation_galois_element
 
-__all__ = ["LattigoModel", "LattigoScales", "bootstrap_spec", "bsgs_rotations", "evaluation_key_set", "galois_element",
+__all__ = ["LattigoModel", "LattigoScales", "best_bsgs_n1", "bootstrap_spec", "bsgs_rotations", "evaluation_key_set", "galois_element",
            "lattigo_params", "lower_program", "parse_container", "run_container_plain", "secret_weight"]
 
 MAGIC = b"ORION\x00\x02\x00"
@@ -106,7 +106,8 @@ def evaluation_key_set(relin: bytes | None, galois: dict[int, bytes]) -> list[by
     return chunks
 
 
-def _bsgs_index(diags: list[int], slots: int, n1: int) -> tuple[list[int], list[int]]:
+def _bsgs_index(diags, slots: int, n1: int) -> tuple[list[int], list[int]]:
+    """Lattigo's ``BSGSIndex``: the giant-step (multiples of n1) and baby-step (below n1) rotations of ``diags``."""
     giants, babies = set(), set()
     for rot in diags:
         rot &= slots - 1
@@ -115,8 +116,10 @@ def _bsgs_index(diags: list[int], slots: int, n1: int) -> tuple[list[int], list[
     return sorted(giants), sorted(babies)
 
 
-def _best_n1(diags: list[int], slots: int, log_ratio: int) -> int:
-    """Lattigo's ``FindBestBSGSRatio``, with Go's float semantics (x/0 = +Inf, 0/0 = NaN)."""
+def best_bsgs_n1(diags, slots: int, log_ratio: int) -> int:
+    """Lattigo's ``FindBestBSGSRatio``: the first power of two n1 whose baby/giant rotation ratio reaches
+    2^log_ratio (n1/2 where it overshoots), with Go's float semantics (x/0 = +Inf, 0/0 = NaN). The evaluator's
+    linear maps and bootstrapping's DFT matrices both split this way."""
     max_ratio = float(1 << log_ratio)
     n1 = 1
     while n1 < slots:
@@ -135,7 +138,7 @@ def bsgs_rotations(diags: list[int], slots: int, log_ratio: int) -> tuple[list[i
     """(giant, baby) rotation steps Lattigo uses for these diagonal indices (0 excluded: no key needed)."""
     if log_ratio < 0:
         return [], sorted({d & (slots - 1) for d in diags} - {0})
-    n1 = _best_n1(diags, slots, log_ratio)
+    n1 = best_bsgs_n1(diags, slots, log_ratio)
     giants, babies = _bsgs_index(diags, slots, n1)
     return [g for g in giants if g], [b for b in babies if b]
 
