@@ -114,8 +114,9 @@ def test_quantization_aware_finetuning_where_post_training_loses(tmp_path):
     torch.manual_seed(0)
     model = train(nn.Sequential(nn.Flatten(), nn.Linear(64, 32), Square(), nn.Linear(32, 10)), epochs=30)
     x, y, xt, yt = digits()
-    prog = export_concrete(model, x[:300], n_bits=3, eval_data=(xt[:200], yt[:200]), train_data=(x, y),
-                           quantization="auto", out=tmp_path / "qat")
+    # no rounding, as docs/concrete.md measured it (the automatic rounding is searched on eval_data and narrows the gap)
+    prog = export_concrete(model, x[:300], n_bits=3, rounding_threshold_bits=None, eval_data=(xt[:200], yt[:200]),
+                           train_data=(x, y), quantization="auto", out=tmp_path / "qat")
     info = prog.manifest.info
     assert prog.manifest.quantization.startswith("quantization-aware"), info
     before, after = info["post_training"]["accuracy"]["quantized"], info["accuracy"]["quantized"]
