@@ -179,14 +179,17 @@ def test_finetune_keeps_batchnorm_frozen_and_helps_a_conv_model() -> None:
     x, y, xt, yt = digits()
     model = _conv_model()
     train(model, epochs=10, lr=0.005)
-    result = quantization_aware_finetune(model, x, y, xt, yt, n_bits=3, epochs=2)
+    # 2 bits: post-training quantisation breaks this model outright, so fine-tuning's gain is far from noise (at
+    # 3 bits the model before fine-tuning scored 0.90 on one machine and 0.96 on another: no room left to help)
+    result = quantization_aware_finetune(model, x, y, xt, yt, n_bits=2, epochs=6)
     bn, tuned = model[1], result.model[1]
     assert torch.equal(bn.running_mean, tuned.running_mean) and torch.equal(bn.running_var, tuned.running_var)
     assert int(bn.num_batches_tracked) == int(tuned.num_batches_tracked)
     assert not torch.equal(model[0].weight, result.model[0].weight)  # the weights did move
-    # measured (seed 0): fake-quant 0.900 -> 0.961, float 0.981 -> 0.983
-    assert result.fake_quant_accuracy_after >= result.fake_quant_accuracy_before + 0.03
-    assert result.float_accuracy_after >= 0.9
+    # measured (seed 0): fake-quant 0.164 -> 0.577, float 0.978 -> 0.883
+    assert result.fake_quant_accuracy_before < 0.4
+    assert result.fake_quant_accuracy_after >= result.fake_quant_accuracy_before + 0.2
+    assert result.float_accuracy_after >= 0.75
 
 
 @pytest.mark.parametrize("n_bits", [1, 17, 3.0, True])
