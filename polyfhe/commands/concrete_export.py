@@ -19,9 +19,10 @@ def export_concrete_program(console: Any, model: Any, name: str, shape: tuple[in
     if calibration is None:
         raise ExportInputError("target concrete quantises on calibration data: pass --calibration (a dataset name "
                                "or an .npy/.npz of inputs)")
-    # no --rounding-threshold-bits: polyfhe's automatic choice (a small grid scored on the calibration inputs)
+    # a knob left unset: polyfhe's automatic choice (a small grid scored on the calibration inputs), as in the API
     rounding = "auto" if args.rounding_threshold_bits is None else args.rounding_threshold_bits
-    program = export_concrete(model, calibration, n_bits=args.n_bits, rounding_threshold_bits=rounding,
+    n_bits = "auto" if args.n_bits is None else args.n_bits
+    program = export_concrete(model, calibration, n_bits=n_bits, rounding_threshold_bits=rounding,
                               p_error=args.p_error,
                               input_shape=shape, quantization="post-training", env=args.concrete_env, out=args.out)
     program.save(args.out)

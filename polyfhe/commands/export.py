@@ -83,9 +83,9 @@ def add_parser(subparsers: Any) -> None:
                    help="load trained weights for the zoo model MODEL")
     add_ckks_parameter_arguments(p)
     concrete = p.add_argument_group("concrete target (Concrete ML, TFHE)")
-    concrete.add_argument("--n-bits", type=positive_int, default=4, metavar="B",
-                          help="quantisation bits of op inputs and weights (default 4; TFHE accumulators stay "
-                               "within 16 bits)")
+    concrete.add_argument("--n-bits", type=positive_int, default=None, metavar="B",
+                          help="quantisation bits of op inputs and weights (default: chosen with the rounding from a "
+                               "small grid scored on the calibration inputs, recorded in the manifest)")
     concrete.add_argument("--rounding-threshold-bits", type=positive_int, metavar="B",
                           help="round accumulators to B bits before each table lookup (lets larger n_bits fit)")
     concrete.add_argument("--p-error", type=float, metavar="P",
