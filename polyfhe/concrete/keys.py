@@ -83,44 +83,41 @@ def check_keys_fit(keys: dict | None, max_keys_bytes: int | None = DEFAULT_MAX_K
 
 
 @contextlib.contextmanager
+def _every(period: float, action) -> Iterator[None]:
+    """Call ``action()`` every ``period`` seconds on a daemon thread while the block runs."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(period):
+            action()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+
+
+@contextlib.contextmanager
 def progress(what: str, detail: str = "") -> Iterator[None]:
     """Show that Concrete is working on ``what``: a spinner with the elapsed time on a terminal, a log line at the
     start and end otherwise (and every minute in between, so a long step is never silent in a log)."""
     t0 = time.perf_counter()
     suffix = f" ({detail})" if detail else ""
-    if sys.stderr.isatty():
-        from rich.console import Console
-
-        console = Console(stderr=True)
-        with console.status(f"Concrete ML: {what}{suffix}") as status:
-            stop = threading.Event()
-
-            def tick() -> None:
-                while not stop.wait(1.0):
-                    status.update(f"Concrete ML: {what}{suffix} [{time.perf_counter() - t0:.0f} s]")
-
-            ticker = threading.Thread(target=tick, daemon=True)
-            ticker.start()
-            try:
-                yield
-            finally:
-                stop.set()
-                ticker.join(timeout=2)
-        log.info("Concrete ML: %s took %.1f s", what, time.perf_counter() - t0)
-        return
-    log.info("Concrete ML: %s%s ...", what, suffix)
-    stop = threading.Event()
-
-    def heartbeat() -> None:
-        while not stop.wait(60.0):
-            log.info("Concrete ML: still %s (%.0f s)", what, time.perf_counter() - t0)
-
-    beat = threading.Thread(target=heartbeat, daemon=True)
-    beat.start()
     try:
-        yield
+        if sys.stderr.isatty():
+            from rich.console import Console
+
+            with Console(stderr=True).status(f"Concrete ML: {what}{suffix}") as status, _every(
+                    1.0, lambda: status.update(f"Concrete ML: {what}{suffix} [{time.perf_counter() - t0:.0f} s]")):
+                yield
+        else:
+            log.info("Concrete ML: %s%s ...", what, suffix)
+            with _every(60.0, lambda: log.info("Concrete ML: still %s (%.0f s)", what, time.perf_counter() - t0)):
+                yield
     finally:
-        stop.set()
         log.info("Concrete ML: %s took %.1f s", what, time.perf_counter() - t0)
 
 
