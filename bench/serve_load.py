@@ -54,6 +54,7 @@ from machine_info import machine_info
 from serve_attacks import attack_requests
 from square_mlp import square_mlp_program
 
+from polyfhe.procinfo import proc_bytes
 from polyfhe.serve.http_client import ServeClient, ServeError
 
 OCTETS = {"Content-Type": "application/octet-stream"}
@@ -117,13 +118,7 @@ def _tree(pid: int) -> list[int]:
 
 
 def _hwm(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return proc_bytes(f"/proc/{pid}/status", "VmHWM") or 0
 
 
 def peak_rss(url: str, pid: int | None = None, seen: dict[int, int] | None = None) -> int | None:

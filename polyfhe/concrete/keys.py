@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from polyfhe.procinfo import available_memory
+
 __all__ = ["DEFAULT_MAX_KEYS_BYTES", "ConcreteKeysTooLarge", "available_memory", "check_keys_fit", "describe",
            "keygen_memory_bytes", "progress"]
 
@@ -36,18 +38,6 @@ class ConcreteKeysTooLarge(ValueError):
 
 def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB"
-
-
-def available_memory() -> int | None:
-    """Bytes the machine has available (``MemAvailable``; ``None`` where /proc/meminfo is absent)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def keygen_memory_bytes(keys: dict) -> int:

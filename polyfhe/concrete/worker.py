@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from polyfhe.concrete.env import ConcreteEnv, find_env
+from polyfhe.procinfo import available_memory, proc_bytes
 
 __all__ = ["DEFAULT_ADDRESS_SPACE_BYTES", "PARSE_LIMITS", "ConcreteCallError", "ConcreteInputTooLarge",
            "ConcreteWorkerDied", "Worker", "array_blob", "blob_array", "check_blob_sizes"]
@@ -111,17 +112,6 @@ def _terminate(proc: subprocess.Popen, workdir: str | None = None) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _kib(path: str, field: str) -> int | None:
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 class _MemoryWatchdog:
     """Samples a process's resident memory a few times a second and kills it past ``limit`` (Linux /proc)."""
 
@@ -129,9 +119,9 @@ class _MemoryWatchdog:
 
     def __init__(self, pid: int, limit: int | None) -> None:
         self.pid, self.peak, self.tripped = pid, 0, False
-        current = (_kib(f"/proc/{pid}/status", "VmRSS") or 0) * 1024
-        free = _kib("/proc/meminfo", "MemAvailable")
-        self.limit = limit if limit is not None else (None if free is None else current + int(0.9 * free * 1024))
+        current = proc_bytes(f"/proc/{pid}/status", "VmRSS") or 0
+        free = available_memory()
+        self.limit = limit if limit is not None else (None if free is None else current + int(0.9 * free))
         self._stop = threading.Event()
         self._thread = None
         if self.limit is not None:
@@ -140,10 +130,10 @@ class _MemoryWatchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.PERIOD_S):
-            rss = _kib(f"/proc/{self.pid}/status", "VmRSS")
+            rss = proc_bytes(f"/proc/{self.pid}/status", "VmRSS")
             if rss is None:
                 return
-            self.peak = max(self.peak, rss * 1024)
+            self.peak = max(self.peak, rss)
             if self.peak > self.limit:
                 self.tripped = True
                 log.warning("Concrete ML worker %d passed %.1f GB (limit %.1f GB): stopping it", self.pid,

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from polyfhe.fhe.bootparams import machine_memory_budget
+from polyfhe.procinfo import available_memory
 
 __all__ = ["DEFAULT_PLAINTEXT_BYTES", "PlaintextKey", "PlaintextStore", "StoreStats", "plaintext_cost", "store_with_budget"]
 
@@ -41,19 +42,6 @@ _MEMORY = machine_memory_budget(1.0) or 6 << 30  # physical memory (6 GiB assume
 # plaintext at N=16384 with 12 primes, 0.6 ms with 2).
 DEFAULT_PLAINTEXT_BYTES = _MEMORY // 2
 MEMORY_RESERVE_FRACTION = 0.1  # the store does not grow while less than this share of memory stays available
-
-
-def available_memory() -> int | None:
-    """Bytes the kernel says new allocations can still take without swapping (``MemAvailable``); None where
-    /proc/meminfo does not say."""
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 WORD_BYTES = 8  # SEAL keeps each coefficient modulo each prime in a 64-bit word

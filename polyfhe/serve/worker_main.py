@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polyfhe.procinfo import proc_bytes
 from polyfhe.serve.errors import ApiError
 from polyfhe.serve.hosts import engine_call, open_server
 
-__all__ = ["CHUNK", "WorkerSpec", "address_space_bytes", "send_payload", "worker_main"]
+__all__ = ["CHUNK", "WorkerSpec", "send_payload", "worker_main"]
 
 log = logging.getLogger(__name__)
 
@@ -104,18 +105,6 @@ class WorkerSpec:
     eval_delay_s: float = 0.0  # testing aid: every evaluation sleeps this long first (a slow model)
 
 
-def address_space_bytes() -> int | None:
-    """This process's virtual size (``VmSize``), or None where /proc does not tell."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def _yield_to_oom_killer() -> None:
     """Make this worker the OOM killer's first choice (raising one's own score needs no privilege)."""
     try:
@@ -129,7 +118,7 @@ def _limit_memory(headroom: int | None) -> int | None:
     """Cap the address space at its current size plus ``headroom``; the cap in bytes, or None."""
     if headroom is None:
         return None
-    size = address_space_bytes()
+    size = proc_bytes("/proc/self/status", "VmSize")
     if size is None:
         log.warning("cannot read this worker's size; its memory is not limited")
         return None

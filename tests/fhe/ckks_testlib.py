@@ -77,6 +77,14 @@ def digits_mlp() -> nn.Module:
     return train(nn.Sequential(nn.Flatten(), nn.Linear(64, 32), Square(), nn.Linear(32, 10)))
 
 
+def digits_program():
+    """(the digits MLP compiled for SEAL's single layout on 64 calibration samples, the test images)."""
+    from polyfhe.export.ckks import export_ckks
+
+    _, _, x, _ = digits()
+    return export_ckks(digits_mlp(), calibration=x[:64], input_shape=(1, 8, 8)), x
+
+
 def square_cnn() -> nn.Module:
     """Depthwise, dilated and strided convolutions, BN, x^2, x^3 via Pow, average pooling, a Gemm head."""
     torch.manual_seed(0)

@@ -17,12 +17,11 @@ import textwrap
 import numpy as np
 import pytest
 import seal_bombs as sb
-from ckks_testlib import digits, digits_mlp
+from ckks_testlib import digits_program
 
-from polyfhe.export.ckks import export_ckks
 from polyfhe.fhe.client import galois_element
 from polyfhe.fhe.seal_backend import SealContext
-from polyfhe.fhe.sealbytes import MAX_MODULUS, SerializationError, scan_polynomial, seal_layout
+from polyfhe.fhe.sealbytes import MAX_MODULUS, SerializationError, scan_polynomial
 from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
 
 pytestmark = pytest.mark.fhe
@@ -30,11 +29,9 @@ pytestmark = pytest.mark.fhe
 
 @pytest.fixture(scope="module")
 def setup():
-    _, _, x, _ = digits()
-    program = export_ckks(digits_mlp(), calibration=x[:64], input_shape=(1, 8, 8))
+    program, x = digits_program()
     client = program.client()
-    seal = SealContext(program.params)  # a context whose layout carries the primes (the scan's exact bound)
-    seal.layout = seal_layout(seal.context, program.params.poly_modulus_degree)
+    seal = SealContext(program.params)  # its layout carries each level's primes (the scan's exact bound)
     n = program.params.poly_modulus_degree
     elements = {galois_element(s, n) for s in program.manifest.galois_steps}
     return program, client, seal, elements, x

@@ -11,9 +11,8 @@ import zlib
 import numpy as np
 import pytest
 import zstandard
-from ckks_testlib import digits, digits_mlp
+from ckks_testlib import digits_program
 
-from polyfhe.export.ckks import export_ckks
 from polyfhe.fhe.client import galois_element
 from polyfhe.fhe.sealbytes import (
     CT_MEMBERS,
@@ -31,8 +30,7 @@ pytestmark = pytest.mark.fhe
 
 @pytest.fixture(scope="module")
 def setup():
-    _, _, x, _ = digits()
-    program = export_ckks(digits_mlp(), calibration=x[:64], input_shape=(1, 8, 8))
+    program, x = digits_program()
     client = program.client()
     return program, client, x
 
