@@ -137,17 +137,16 @@ def create_app(config: ServeConfig, registry: Registry | None = None, warm: bool
     """The application, its session host started (worker processes loaded and ready) before it returns;
     ``warm``: the workers encode their programs' plaintexts first (``--warm``)."""
     registry = registry if registry is not None else Registry(config.programs_dir)
-    hosts: list[Host] = []
 
     def drop(session: Session) -> None:  # keys freed off the caller's thread (it holds the store's lock)
-        threading.Thread(target=hosts[0].close, args=(session.handle,), daemon=True).start()
+        threading.Thread(target=host.close, args=(session.handle,), daemon=True).start()
 
     sessions = SessionStore(config.session_ttl_s, config.max_sessions, config.key_budget_bytes,
                             config.expired_memory, on_drop=drop)
-    hosts.append(make_host(config, registry, sessions.lose, warm))
+    host = make_host(config, registry, sessions.lose, warm)  # drop() finds it here when a session ends
     auth = TokenAuth.from_file(config.auth_token_file) if config.auth_token_file is not None else None
     state = ServerState(config, registry, sessions, WorkPool(config.max_concurrency, config.max_queue), Metrics(),
-                        hosts[0], auth)
+                        host, auth)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
