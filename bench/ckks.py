@@ -95,11 +95,11 @@ def case_digits_mlp(opts: dict):
 
 
 def case_model(opts: dict):
-    from polyfhe.commands.export import _fill_batchnorm_statistics
+    from polyfhe.calibration import recompute_from_array
 
     spec = opts["model"]
     if Path(spec).is_dir():
-        from polyfhe.checkpoint import load_checkpoint
+        from polyfhe.training.checkpoint import load_checkpoint
 
         model, _ = load_checkpoint(spec)
     else:
@@ -111,7 +111,7 @@ def case_model(opts: dict):
     shape = tuple(model.input_shape)
     x = _images("fashion-mnist" if shape == (1, 28, 28) else "digits", shape, max(opts["batch"], 256))
     if not Path(spec).is_dir():
-        _fill_batchnorm_statistics(model, x[:256])
+        recompute_from_array(model, x[:256])
     return model.eval(), shape, x[:256], x[:1], x[: opts["batch"]], {}
 
 
@@ -145,7 +145,7 @@ def _torch_out(model, x: np.ndarray) -> np.ndarray:
 
 def _packed(prog, client, server, model, xb) -> dict:
     """Single layout with ``samples_per_ciphertext`` interleaved samples: one full ciphertext, amortised."""
-    from polyfhe.fhe.roundtrip import timed_round_trip
+    from polyfhe.runtime.roundtrip import timed_round_trip
 
     lanes = prog.manifest.samples_per_ciphertext
     if lanes == 1 or len(xb) < lanes:
@@ -156,7 +156,7 @@ def _packed(prog, client, server, model, xb) -> dict:
 
 
 def _single(model, shape, calibration, x, export_kwargs, warm_runs: int) -> dict:
-    from polyfhe.export.ckks import export_ckks
+    from polyfhe.exporters.ckks import export_ckks
 
     t0 = time.perf_counter()
     prog = export_ckks(model, calibration=calibration, layout="single", input_shape=shape, **export_kwargs)
@@ -192,8 +192,8 @@ def _single(model, shape, calibration, x, export_kwargs, warm_runs: int) -> dict
 
 
 def _batch(model, shape, calibration, xb, export_kwargs) -> dict:
-    from polyfhe.export.ckks import CKKSExportError, export_ckks
-    from polyfhe.fhe.roundtrip import timed_round_trip
+    from polyfhe.exporters.ckks import CKKSExportError, export_ckks
+    from polyfhe.runtime.roundtrip import timed_round_trip
 
     try:
         prog = export_ckks(model, calibration=calibration, layout="batch", input_shape=shape, **export_kwargs)
@@ -254,8 +254,8 @@ def run_isolated(name: str, opts: dict) -> dict:
 def machine() -> dict:
     import tenseal
 
-    from polyfhe.fhe.params import CKKSParams
-    from polyfhe.fhe.seal_backend import SealContext
+    from polyfhe.engines.seal.context import SealContext
+    from polyfhe.program.params import CKKSParams
 
     seal = SealContext(CKKSParams(8192, (40, 40), 30))
     pk = seal.sa.PublicKey()

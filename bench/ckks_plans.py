@@ -70,8 +70,8 @@ def _fashion(n_train: int, n_test: int):
 def _checkpoint_case(spec: Path, images: int):
     """A trained checkpoint (its input normalisation folded in, as ``polyfhe export`` does: it takes images in
     [0, 1]): its model, calibration images from the training split, test images."""
-    from polyfhe.checkpoint import fold_input_normalization, load_checkpoint
     from polyfhe.data.sources import load_dataset
+    from polyfhe.training.checkpoint import fold_input_normalization, load_checkpoint
 
     model, info = load_checkpoint(spec)
     model = fold_input_normalization(model, info)
@@ -210,7 +210,7 @@ def stage_server(program: Path, work: Path) -> dict:
     warm_s = None
     if os.environ.get("POLYFHE_BENCH_WARM") == "1":  # --warm: plaintexts encoded before the first query
         try:
-            from polyfhe.fhe.prewarm import warm_plaintexts
+            from polyfhe.engines.seal.prewarm import warm_plaintexts
         except ImportError:  # a baseline tree from before prewarm.py
             pass
         else:
@@ -235,7 +235,7 @@ def _dot_kernel(backend: str) -> str | None:
     if backend != "seal":
         return None
     try:
-        from polyfhe.fhe.seal_native import dot_available
+        from polyfhe.engines.seal.native import dot_available
     except ImportError:
         return "no"
     return "yes" if dot_available() else "no"
@@ -268,7 +268,7 @@ def stage_keys(folder: Path, program: Path, work: Path, images: int) -> dict:
 def stage_decrypt(program: Path, work: Path, images: int) -> dict:
     """The client's second half: restored from its backup and the public context it made, it decrypts."""
     import polyfhe
-    from polyfhe.fhe.backends import restore_client
+    from polyfhe.program.engines import restore_client
 
     prog = polyfhe.load_program(program)
     with open(work / "context.bin", "rb") as f:
@@ -353,7 +353,7 @@ def baseline_tree(ref: str, root: Path) -> Path:
 
 def tree_env(tree: Path | None) -> dict:
     """The stages' environment: Go's collector settings for Lattigo (read only at process start), the tree's path."""
-    from polyfhe.fhe.backends.go_env import GO_ENV_DEFAULTS
+    from polyfhe.engines.lattigo.go_env import GO_ENV_DEFAULTS
 
     env = {**GO_ENV_DEFAULTS, **os.environ}
     if tree is not None:  # a path entry wins over the editable install's finder
@@ -365,7 +365,7 @@ def case_label(case: str) -> str:
     """A case's name in the tables: a checkpoint folder by the model it holds and its epoch."""
     if not Path(case).is_dir():
         return case
-    from polyfhe.checkpoint import read_checkpoint_info
+    from polyfhe.training.checkpoint import read_checkpoint_info
 
     info = read_checkpoint_info(case)
     return f"{info.model_name} (checkpoint, epoch {info.epoch})"

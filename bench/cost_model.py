@@ -7,7 +7,7 @@ Each case is compiled in one fresh process and run in another (client and server
 ``polyfhe run``), so the peak RSS measured is the run's own; each run records its server seconds, its CPU seconds
 and the load average (other jobs on a shared machine slow the wall time, not the work), and the server's setup
 (Lattigo encodes every diagonal then). Predictions come from this machine's calibration
-(``polyfhe.fhe.costmodel.calibrated_costs``, cached; made first if missing) and the compiled program's exact
+(``polyfhe.cost.model.calibrated_costs``, cached; made first if missing) and the compiled program's exact
 operation counts. Small rings below 128-bit security (``allow_insecure``) keep the zoo cases short and small:
 timing does not depend on security. A rich table and ``cost_model.json`` (with machine details) land in ``--out``.
 """
@@ -37,7 +37,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 def _insecure_8192(levels: int) -> dict:
     """A short ring for the zoo cases (timings only): N=8192, 2^35 scale, exactly the levels the model needs."""
-    from polyfhe.fhe.params import CKKSParams
+    from polyfhe.program.params import CKKSParams
 
     return {"params": CKKSParams(8192, (50,) + (35,) * levels + (50,), 35, "none"), "allow_insecure": True}
 
@@ -75,8 +75,8 @@ def _digits_mlp():
 def compile_case(name: str, backend: str, out: str) -> dict:
     """Compile one case and save it (runs in its own process)."""
     logging.basicConfig(level=logging.ERROR)
-    from polyfhe.export.ckks import export_ckks
-    from polyfhe.fhe.costmodel_models import compile_model
+    from polyfhe.cost.zoo_models import compile_model
+    from polyfhe.exporters.ckks import export_ckks
 
     model, img, levels = CASES[name]
     overrides = _insecure_8192(levels) if levels else {}
@@ -93,7 +93,7 @@ def compile_case(name: str, backend: str, out: str) -> dict:
 def run_case(path: str, warm_runs: int) -> dict:
     """Keys, a cold and ``warm_runs`` warm evaluations of a saved program (runs in its own process)."""
     logging.basicConfig(level=logging.ERROR)
-    from polyfhe.fhe.program import load_program
+    from polyfhe.runtime.program import load_program
 
     prog = load_program(path)
     m = prog.manifest
@@ -130,8 +130,8 @@ def _isolated(fn, *args):
 
 
 def measure(name: str, backend: str, warm_runs: int) -> dict:
-    from polyfhe.fhe.costmodel_models import program_cost
-    from polyfhe.fhe.program import load_program
+    from polyfhe.cost.zoo_models import program_cost
+    from polyfhe.runtime.program import load_program
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "prog")
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from polyfhe.fhe.costmodel import calibrated_costs
+    from polyfhe.cost.model import calibrated_costs
 
     for backend in args.backend:
         t0 = time.perf_counter()

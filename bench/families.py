@@ -79,7 +79,7 @@ def _float64_logits(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
 def encrypted_numbers(model: torch.nn.Module, x_cal: np.ndarray, x_test: np.ndarray, backend: str,
                       warm_runs: int) -> dict[str, Any]:
     """Compile, key, and run ``x_test`` image by image; the first run is cold, the next ``warm_runs`` warm."""
-    from polyfhe.export.ckks import export_ckks
+    from polyfhe.exporters.ckks import export_ckks
 
     shape = tuple(model.input_shape)
     t0 = time.perf_counter()
@@ -112,7 +112,7 @@ def encrypted_numbers(model: torch.nn.Module, x_cal: np.ndarray, x_test: np.ndar
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Train, analyse, compile and run one model (in a child process of its own)."""
     import polyfhe
-    from polyfhe.export.onnx import STRUCTURAL_CHECK_RTOL, export_onnx
+    from polyfhe.exporters.onnx import STRUCTURAL_CHECK_RTOL, export_onnx
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_num_threads(args.threads)

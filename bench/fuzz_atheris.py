@@ -30,12 +30,13 @@ from pathlib import Path
 
 import atheris
 
-with atheris.instrument_imports(include=["polyfhe.fhe.wire", "polyfhe.fhe.sealbytes", "polyfhe.fhe.server",
-                                         "polyfhe.fhe.seal_backend", "polyfhe.serve.uploads"]):
-    from polyfhe.fhe import seal_backend, server, wire  # noqa: F401 - instrumented here
-    from polyfhe.fhe.seal_backend import SerializationError
-    from polyfhe.fhe.sealbytes import CT_MEMBERS, DYNARRAY_PREFIX, HEADER
-    from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
+with atheris.instrument_imports(include=["polyfhe.program.wire", "polyfhe.engines.seal.sealbytes", "polyfhe.engines.seal.server",
+                                         "polyfhe.engines.seal.context", "polyfhe.serve.uploads"]):
+    from polyfhe.engines.seal import context, server  # noqa: F401
+    from polyfhe.engines.seal.context import SerializationError
+    from polyfhe.engines.seal.sealbytes import CT_MEMBERS, DYNARRAY_PREFIX, HEADER
+    from polyfhe.program import wire  # noqa: F401 - instrumented here
+    from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
     from polyfhe.serve.errors import ApiError
     from polyfhe.serve.uploads import check_upload
 

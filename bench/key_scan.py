@@ -1,4 +1,4 @@
-"""Cost of the residue scan over SEAL keys (polyfhe.fhe.sealbytes) beside SEAL's own load of the same bytes.
+"""Cost of the residue scan over SEAL keys (polyfhe.engines.seal.sealbytes) beside SEAL's own load of the same bytes.
 
 For a N=16384 program's public context (30 Galois keys by default, a relinearisation key, the public key) the
 keys are generated once, inflated into an in-memory file as the server does, then timed, best of ``--repeat``:
@@ -19,9 +19,8 @@ import time
 
 import numpy as np
 
-from polyfhe.fhe.params import CKKSParams
-from polyfhe.fhe.seal_backend import SealContext, _memory_file
-from polyfhe.fhe.sealbytes import (
+from polyfhe.engines.seal.context import SealContext, _memory_file
+from polyfhe.engines.seal.sealbytes import (
     HEADER,
     check_ciphertext,
     check_kswitch,
@@ -30,6 +29,7 @@ from polyfhe.fhe.sealbytes import (
     scan_polynomial,
     seal_layout,
 )
+from polyfhe.program.params import CKKSParams
 
 
 def _bits(text: str) -> tuple[int, ...]:

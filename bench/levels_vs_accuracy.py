@@ -32,7 +32,7 @@ from torch import nn
 import polyfhe
 from polyfhe.calibration import profile_onnx_ranges
 from polyfhe.data.sources import ImageDataset, load_dataset, load_fashion_mnist
-from polyfhe.export.onnx import STRUCTURAL_CHECK_RTOL, export_onnx
+from polyfhe.exporters.onnx import STRUCTURAL_CHECK_RTOL, export_onnx
 from polyfhe.training.recipe import param_groups
 
 log = logging.getLogger("levels_vs_accuracy")

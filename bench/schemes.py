@@ -19,7 +19,7 @@ takes it), the FHE-sized zoo recipes at 8x8 (``monet_fhe_bn`` by default, ``cpol
 behind ``--fmnist``, 28x28 Fashion-MNIST ones. Schemes: ``ckks-seal``, ``ckks-lattigo`` and ``concrete``.
 
 Concrete's quantisation is the library's (``export(target="concrete", quantization=...)``): ``auto`` compiles
-post-training, and when that loses more than ``--qat-tolerance`` it fine-tunes with ``polyfhe.concrete.qat`` and
+post-training, and when that loses more than ``--qat-tolerance`` it fine-tunes with ``polyfhe.exporters.concrete.qat`` and
 compiles again, keeping the fine-tuned program only when Concrete's quantised accuracy improved.
 
 A scheme run that passes ``--time-cap`` seconds, or leaves the machine less than ``--min-free-gb`` of available
@@ -81,7 +81,7 @@ SCHEME_LABEL = {"ckks-seal": "CKKS / SEAL", "ckks-lattigo": "CKKS / Lattigo", "c
 def load_case_data(case: str, args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     dataset = CASES[case][0]
     if dataset == "digits":
-        from tests.fhe.ckks_testlib import digits
+        from toy_models import digits
 
         return digits()
     from polyfhe.data.sources import load_fashion_mnist
@@ -94,8 +94,7 @@ def load_case_data(case: str, args: argparse.Namespace) -> tuple[np.ndarray, np.
 def build_model(case: str):
     import torch
     from torch import nn
-
-    from tests.fhe.ckks_testlib import Square
+    from toy_models import Square
 
     dataset, zoo, _, _ = CASES[case]
     side = 8 if dataset == "digits" else 28
@@ -233,7 +232,7 @@ def train_case(case: str, args: argparse.Namespace, state_path: str, progress_pa
     epochs = args.epochs if args.epochs else epochs
     prog.note(stage="train", epochs=epochs, lr=lr)
     t0 = time.perf_counter()
-    from tests.fhe.ckks_testlib import train
+    from toy_models import train
 
     model = train(model, epochs=epochs, lr=lr, data=(x_tr, y_tr))  # digits, or the case's own images
     train_s = time.perf_counter() - t0
@@ -302,7 +301,7 @@ def run_ckks(case: str, backend: str, args: argparse.Namespace, state_path: str,
 
 def run_concrete(case: str, args: argparse.Namespace, state_path: str, progress_path: str) -> None:
     import polyfhe
-    from polyfhe.concrete import ConcreteExportError, ConcreteWorkerDied, find_env
+    from polyfhe.engines.concrete import ConcreteExportError, ConcreteWorkerDied, find_env
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     prog = Progress(Path(progress_path))
@@ -697,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_table(rows))
         return 0
     if any(s.startswith("concrete") for s in args.schemes):
-        from polyfhe.concrete import ConcreteEnvMissing, find_env
+        from polyfhe.engines.concrete import ConcreteEnvMissing, find_env
 
         try:
             find_env()

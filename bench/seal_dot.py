@@ -7,8 +7,8 @@ Each row streams ``terms`` distinct ciphertexts and plaintexts (as a BSGS giant 
 and diagonals) at one level, and times, on one core, the fastest of ``--repeats`` passes of
 
 * the path before the kernel: SEAL's ``multiply_plain`` then ``add_inplace`` per term, both called without the
-  GIL (``polyfhe/fhe/seal_native.py``), exactly what ``SealOps`` ran before;
-* the dot kernel (``polyfhe/fhe/_kernels.c``): one pass, products accumulated in 128 bits and reduced once.
+  GIL (``polyfhe/engines/seal/native.py``), exactly what ``SealOps`` ran before;
+* the dot kernel (``polyfhe/engines/seal/_kernels.c``): one pass, products accumulated in 128 bits and reduced once.
 
 Both results are compared byte for byte. Timing does not depend on security, so the ring is built without the
 128-bit check (``--chain`` may be any chain). A table (with the machine's details), ``seal_dot.json`` and
@@ -35,10 +35,10 @@ DEFAULT_CHAIN = (48, *([31] * 11), 48)  # cpolynext_fhe_bn at 28x28: 12 data pri
 def measure(ring: int, chain: tuple[int, ...], primes_list: list[int], terms_list: list[int],
             repeats: int) -> list[dict]:
     """One row per (primes, terms): milliseconds per term both ways, and whether the bytes agree."""
-    from polyfhe.fhe.opbench import best_seconds
-    from polyfhe.fhe.params import CKKSParams
-    from polyfhe.fhe.seal_backend import SealContext
-    from polyfhe.fhe.seal_native import native_kernels
+    from polyfhe.cost.opbench import best_seconds
+    from polyfhe.engines.seal.context import SealContext
+    from polyfhe.engines.seal.native import native_kernels
+    from polyfhe.program.params import CKKSParams
 
     seal = SealContext(CKKSParams(ring, tuple(chain), chain[1], "none"))
     native = native_kernels(seal)

@@ -18,7 +18,7 @@ import struct
 
 import zstandard
 
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, MAGIC, pack, unpack
+from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, MAGIC, pack, unpack
 
 __all__ = ["attack_requests", "crafted_context", "nested_header", "single_residue_ciphertext"]
 

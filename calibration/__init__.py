@@ -14,6 +14,7 @@ from polyfhe.calibration.running_stats import (
     CalibrationError,
     RunningStatsReport,
     describe_running_stats,
+    recompute_from_array,
     recompute_running_stats,
 )
 
@@ -29,6 +30,7 @@ __all__ = [
     "calibrate",
     "describe_running_stats",
     "profile_onnx_ranges",
+    "recompute_from_array",
     "recompute_running_stats",
     "sample_images",
 ]

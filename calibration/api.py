@@ -103,7 +103,7 @@ def calibrate(
     if not onnx_ranges:
         return CalibrationResult(model_name, len(x), array_range("input", x), {}, stats.to_dict())
 
-    from polyfhe.export.onnx import INPUT_NAME, export_onnx
+    from polyfhe.exporters.onnx import INPUT_NAME, export_onnx
 
     with tempfile.TemporaryDirectory(prefix="polyfhe-calibrate-") as tmp:
         exported = export_onnx(model, Path(tmp) / "model.onnx", input_shape=tuple(x.shape[1:]))

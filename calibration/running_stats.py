@@ -26,7 +26,7 @@ from polyfhe.calibration.ranges import float_from_json, json_float
 from polyfhe.models.layers.norms import ChannelBatchNorm, RunningRowSumNorm
 
 __all__ = ["STATS_LAYERS", "CalibrationError", "LayerStats", "RunningStatsReport", "describe_running_stats",
-           "recompute_running_stats", "stats_layers"]
+           "recompute_from_array", "recompute_running_stats", "stats_layers"]
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,18 @@ def recompute_running_stats(model: nn.Module, batches: Iterable[torch.Tensor]) -
     log.info("recomputed %d running-statistics layers over %d samples (%d batches)",
              len(layers), num_samples, num_batches)
     return RunningStatsReport(num_batches, num_samples, tuple(_summary(*layer) for layer in layers))
+
+
+def recompute_from_array(model: nn.Module, x: Any, batch: int = 128) -> RunningStatsReport | None:
+    """:func:`recompute_running_stats` over an array of images (numpy or tensor) in batches of ``batch``, on the
+    model's device and dtype; None (nothing done) when ``x`` is None or the model keeps no running statistics."""
+    if x is None or not stats_layers(model):
+        return None
+    parameter = next(model.parameters(), None)
+    device, dtype = (parameter.device, parameter.dtype) if parameter is not None else ("cpu", torch.float32)
+    images = torch.as_tensor(x)
+    return recompute_running_stats(
+        model, (images[start:start + batch].to(device=device, dtype=dtype) for start in range(0, len(images), batch)))
 
 
 def describe_running_stats(model: nn.Module) -> RunningStatsReport:

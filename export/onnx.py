@@ -82,7 +82,7 @@ def export_onnx(
     ``allow_nonfinite`` is for structural checks of randomly initialised deep models, whose outputs overflow
     (degree 2^68 and more): parity is then skipped with a warning and ``max_rel_error`` is NaN.
     """
-    from polyfhe.fold import fold
+    from polyfhe.folding import fold
 
     shape = resolve_input_shape(model, input_shape)
     path = Path(path)
@@ -125,6 +125,14 @@ def export_onnx(
     log.info("exported %s to %s (opset %d, rel err %.2e, degree %s, levels %s)",
              type(model).__name__, path, opset, rel, report.degree, report.levels)
     return OnnxExport(path, opset, shape, rel, report)
+
+
+def export_onnx_file(model: nn.Module, path: str | Path | None = None,
+                     input_shape: tuple[int, ...] | None = None, **kwargs) -> Path:
+    """``polyfhe.export(model, target="onnx", path=...)``: :func:`export_onnx`, returning the written path."""
+    if path is None:
+        raise ValueError("target='onnx' needs path=... (where to write the .onnx file)")
+    return export_onnx(model, path, input_shape, **kwargs).path
 
 
 def export_zoo_model_for_check(name: str, img_size: int | None = None, out_dir: str | Path | None = None) -> Path:

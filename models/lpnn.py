@@ -12,7 +12,7 @@ search corpora hold no full text), so this follows them and issue 17's descripti
 - BatchNorm and dropout (paper: usable because the network is feedforward): BN over the product's units, then
   dropout (order from issue 17). At inference BN is affine and folds exactly (issue 17 cites the paper's eq. 14
   for the product form): its scale goes into the rows of ``W_l`` and ``b_l``, its shift into the bias of every
-  map that reads ``h_l`` (``polyfhe/fold/lpnn.py``).
+  map that reads ``h_l`` (``polyfhe/folding/lpnn.py``).
 - Second factor from a skip (our option, ``factor_source="skip"``): layer ``l >= 2`` multiplies by ``V_l h_{l-2}``
   instead of ``V_l x`` (layer 1 uses ``x``). Orders then add like Fibonacci numbers (2, 3, 5, 8, ...), not +1.
 - Initialisation (our choice): PyTorch's default uniform fan-in init for ``W``, ``V`` and the head; the BN after

@@ -9,7 +9,7 @@ is replaced by the Hadamard product of two projections, so every block is a poly
 
 Layer-scales ``ls1``/``ls2`` are per-channel vectors initialised small (0.1 up to depth 18, 1e-5 up to 24, 1e-6
 beyond, as in ResMLP). A final Affine, the mean over tokens and a Linear head follow. The network degree is
-``2 ** depth``. Every Affine and layer-scale folds into the neighbouring linear maps (``polyfhe.fold.resmlp``).
+``2 ** depth``. Every Affine and layer-scale folds into the neighbouring linear maps (``polyfhe.folding.resmlp``).
 
 Choices of ours: ``b2`` starts at 1 and ``W2`` small, so each Hadamard product starts close to ``W1 z + b1``
 (a near-linear block: the polynomial's degree grows only as training needs it); the head starts at zero.

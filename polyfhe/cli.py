@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the real command line: start again with Lattigo's Go settings before any engine loads
-        from polyfhe.fhe.backends.go_env import restart_with_go_env
+        from polyfhe.engines.lattigo.go_env import restart_with_go_env
 
         restart_with_go_env()
     parser = build_parser()

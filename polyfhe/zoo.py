@@ -89,7 +89,7 @@ def analysis_img_size(name: str) -> int:
 def with_analysis(row: ZooRow) -> ZooRow:
     """Fill degree, ct x ct depth and levels from the analyzer (LN variants are not polynomial: left empty)."""
     from polyfhe.analysis import analyze
-    from polyfhe.export.onnx import export_zoo_model_for_check
+    from polyfhe.exporters.onnx import export_zoo_model_for_check
 
     if row.norm == "ln":
         return row

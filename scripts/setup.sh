@@ -18,7 +18,7 @@ PY="$VENV/bin/python"
 
 # Re-install only when the dependency declaration or the C kernels (built by the install) changed since the last
 # successful setup.
-want="torch==$TORCH_VERSION $(cat pyproject.toml polyfhe/fhe/_kernels.c polyfhe/fhe/_seal_shim.cpp | sha256sum | cut -d' ' -f1)"
+want="torch==$TORCH_VERSION $(cat pyproject.toml polyfhe/engines/seal/_kernels.c polyfhe/engines/seal/_seal_shim.cpp | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   "$PY" -m pip install --quiet --upgrade pip
   # torch must come first: anything that depends on torch would otherwise pull a CUDA build.

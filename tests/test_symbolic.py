@@ -24,8 +24,8 @@ from polyfhe.dynamics import (
     simulate_many,
     transition_pairs,
 )
+from polyfhe.expansion import SymbolicError, SymbolicResult, symbolic
 from polyfhe.models.layers.taylor import TaylorLayer
-from polyfhe.symbolic import SymbolicError, SymbolicResult, symbolic
 
 X, Y = sympy.symbols("x y")
 

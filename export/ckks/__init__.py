@@ -1,4 +1,4 @@
-"""CKKS exporter: nn.Module or polynomial ONNX -> :class:`~polyfhe.fhe.program.CKKSProgram`.
+"""CKKS exporter: nn.Module or polynomial ONNX -> :class:`~polyfhe.runtime.program.CKKSProgram`.
 
 Pipeline: fold + ONNX export (modules only) -> analyzer (refuses non-polynomial graphs, naming the nodes) ->
 lowering to a :class:`Circuit` of merged affine maps and products -> calibrated value ranges -> parameters
@@ -19,23 +19,22 @@ from typing import Any
 import numpy as np
 import onnx
 
-from polyfhe.export.ckks.affine import LoweringError
-from polyfhe.export.ckks.bootstrap import (
+from polyfhe.exporters.ckks.affine import LoweringError
+from polyfhe.exporters.ckks.bootstrap import (
     BootstrapError,
     calibrated_ranges,
     insert_bootstraps,
     place_bootstraps,
     refresh_slots,
 )
-from polyfhe.export.ckks.circuit import Circuit
-from polyfhe.export.ckks.counters import plan_counters
-from polyfhe.export.ckks.lower import factoring_sites, lower_onnx, shift_sites
-from polyfhe.export.ckks.matmul import expand_matmuls, slots_available
-from polyfhe.export.ckks.plan import max_samples_per_ciphertext, plan_batch, plan_single
-from polyfhe.export.ckks.replicate import replicate_input as replicated
-from polyfhe.export.ckks.spend import MIN_SPEND_SCALE_BITS, LevelSpend, spend_budget, spend_levels
-from polyfhe.fhe.backends import DEFAULT_BACKEND, BackendUnavailable, KeySetTooLarge, get_backend
-from polyfhe.fhe.bootparams import (
+from polyfhe.exporters.ckks.circuit import Circuit
+from polyfhe.exporters.ckks.counters import plan_counters
+from polyfhe.exporters.ckks.lower import factoring_sites, lower_onnx, shift_sites
+from polyfhe.exporters.ckks.matmul import expand_matmuls, slots_available
+from polyfhe.exporters.ckks.plan import max_samples_per_ciphertext, plan_batch, plan_single
+from polyfhe.exporters.ckks.replicate import replicate_input as replicated
+from polyfhe.exporters.ckks.spend import MIN_SPEND_SCALE_BITS, LevelSpend, spend_budget, spend_levels
+from polyfhe.program.bootparams import (
     BOOTSTRAP_RING,
     BootstrapSpec,
     bootstrap_key_bytes,
@@ -47,7 +46,9 @@ from polyfhe.fhe.bootparams import (
     max_refresh_log_slots,
     server_peak_bytes,
 )
-from polyfhe.fhe.params import (
+from polyfhe.program.engines import DEFAULT_BACKEND, BackendUnavailable, KeySetTooLarge, get_backend
+from polyfhe.program.manifest import LAYOUTS, ProgramManifest
+from polyfhe.program.params import (
     DEFAULT_MIN_SCALE_BITS,
     CKKSParams,
     ParameterError,
@@ -56,7 +57,7 @@ from polyfhe.fhe.params import (
     largest_value,
     validate,
 )
-from polyfhe.fhe.program import LAYOUTS, CKKSProgram, ProgramManifest
+from polyfhe.runtime.program import CKKSProgram
 
 __all__ = ["CKKSExportError", "LoweringError", "export_ckks", "to_onnx_model"]
 
@@ -89,7 +90,7 @@ def to_onnx_model(model: Any, input_shape: tuple[int, ...] | None = None) -> tup
     from polyfhe.analysis.loader import load_model
 
     if isinstance(model, nn.Module):
-        from polyfhe.export.onnx import export_onnx
+        from polyfhe.exporters.onnx import export_onnx
 
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model.onnx"
@@ -236,8 +237,8 @@ def _server_memory_error(name: str, planned: dict, boot_info: dict, peak: dict, 
 def _bootstrap_time(boot_info: dict, params: CKKSParams) -> str:
     """What the bootstraps alone would take per query, from this machine's cached Lattigo calibration (never
     calibrated here: a refusal should be quick); without one, where to get the prediction."""
-    from polyfhe.fhe.costmodel import bootstrap_seconds
-    from polyfhe.fhe.opcosts import read_cached
+    from polyfhe.cost.model import bootstrap_seconds
+    from polyfhe.cost.opcosts import read_cached
 
     costs = read_cached("lattigo")
     if costs is None:

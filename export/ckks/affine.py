@@ -423,7 +423,7 @@ def _weights_matrix(node: onnx.NodeProto, consts: list, attrs: dict, expr: Affin
     """The op's matrix straight from its weights where that is cheaper than running it on a basis (Conv)."""
     if node.op_type != "Conv" or not (expr.terms or expr.alternatives) or consts[1] is None:
         return None
-    from polyfhe.export.ckks.opmatrix import conv_matrix
+    from polyfhe.exporters.ckks.opmatrix import conv_matrix
 
     weight = consts[1]
     nd = weight.ndim - 2

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from polyfhe.fhe.program import Step
+from polyfhe.program.manifest import Step
 
 __all__ = ["BootstrapError", "BootstrapPlan", "calibrated_ranges", "insert_bootstraps", "place_bootstraps",
            "refresh_slots", "register_levels"]
@@ -191,7 +191,7 @@ def insert_bootstraps(steps: Sequence[Step], plan: BootstrapPlan, ranges: dict[i
 def calibrated_ranges(program, samples: np.ndarray, registers: set[int], slots: int) -> dict[int, tuple[float, float]]:
     """(min, max) over the first ``slots`` real slots of each of ``registers``, running ``program`` (without its
     bootstraps) on plain ``samples`` exactly as packed under encryption."""
-    from polyfhe.fhe.execute import NumpyOps, execute, pack_single
+    from polyfhe.runtime.execute import NumpyOps, execute, pack_single
 
     m = program.manifest
     lo = {r: math.inf for r in registers}

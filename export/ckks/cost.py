@@ -14,8 +14,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from polyfhe.export.ckks.circuit import Circuit, LinearNode
-from polyfhe.export.ckks.layout import (
+from polyfhe.exporters.ckks.circuit import Circuit, LinearNode
+from polyfhe.exporters.ckks.layout import (
     UNBOUNDED_SLOTS,
     circuit_input_packing,
     count_offsets,

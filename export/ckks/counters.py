@@ -3,7 +3,7 @@
 Rotations are counted as the executor runs them (baby-step rotations of a register are shared by every map
 of the same level that reads it); key switches count a rotation whose step has its own Galois key once,
 one without by the length of the shortest chain of keys the executor rotates it by
-(:class:`~polyfhe.fhe.rotations.KeyChain`), and one per relinearisation. Plaintext products are the diagonals
+(:class:`~polyfhe.runtime.rotations.KeyChain`), and one per relinearisation. Plaintext products are the diagonals
 (single) or the non-zero weights (batch); every one is an encoded plaintext, and ``plaintext_bytes`` is what a server holds to keep them all encoded.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from polyfhe.fhe.params import CKKSParams
-from polyfhe.fhe.program import Step
-from polyfhe.fhe.rotations import KeyChain
-from polyfhe.fhe.seal_backend import naf_terms
+from polyfhe.engines.seal.ops import naf_terms
+from polyfhe.program.manifest import Step
+from polyfhe.program.params import CKKSParams
+from polyfhe.runtime.rotations import KeyChain
 
 __all__ = ["naf_weight", "plan_counters"]
 

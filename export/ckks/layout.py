@@ -21,7 +21,7 @@ import logging
 
 import numpy as np
 
-from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
+from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
 
 log = logging.getLogger(__name__)
 FALLBACK = -1  # key of choose_layouts' result when it fell back to natural layouts

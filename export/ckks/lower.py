@@ -22,7 +22,7 @@ import scipy.sparse as sp
 
 from polyfhe.analysis.constants import ConstantFolder
 from polyfhe.analysis.graph import topological_order
-from polyfhe.export.ckks.affine import (
+from polyfhe.exporters.ckks.affine import (
     AffineExpr,
     LoweringError,
     align,
@@ -30,9 +30,9 @@ from polyfhe.export.ckks.affine import (
     attributes,
     identity_term,
 )
-from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
-from polyfhe.export.ckks.cost import map_cost, term_diagonals
-from polyfhe.export.ckks.layout import UNBOUNDED_SLOTS, input_packing
+from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
+from polyfhe.exporters.ckks.cost import map_cost, term_diagonals
+from polyfhe.exporters.ckks.layout import UNBOUNDED_SLOTS, input_packing
 from polyfhe.ort_providers import inference_session  # the probe stays on CPU: its values feed the compiler
 
 __all__ = ["factoring_sites", "lower_onnx", "shift_sites"]

@@ -28,10 +28,10 @@ from dataclasses import replace
 import numpy as np
 import scipy.sparse as sp
 
-from polyfhe.export.ckks.affine import LoweringError
-from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode, node_reads
-from polyfhe.fhe.bootparams import BOOTSTRAP_RING
-from polyfhe.fhe.params import RING_SIZES, CKKSParams
+from polyfhe.exporters.ckks.affine import LoweringError
+from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode, node_reads
+from polyfhe.program.bootparams import BOOTSTRAP_RING
+from polyfhe.program.params import RING_SIZES, CKKSParams
 
 __all__ = ["expand_matmuls", "matmul_index_maps", "slots_available"]
 

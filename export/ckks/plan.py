@@ -12,7 +12,7 @@ program is planned for a *virtual* ring of V slots and sample j of k lives in th
 A real rotation by ``r*k`` is then a cyclic rotation by r of every sample's virtual vector, and a plaintext
 vector ``v`` becomes ``repeat(v, k)``, so the plan is unchanged and k samples cost what one does. The Galois
 steps are stored as real steps (``r*k``); the executor scales rotations and repeats vectors
-(:class:`polyfhe.fhe.execute.InterleavedOps`).
+(:class:`polyfhe.runtime.execute.InterleavedOps`).
 
 batch: one slot per sample and one ciphertext per tensor element; linear maps are sparse rows of scalars
 (CSR), no rotations and no Galois keys.
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polyfhe.export.ckks.affine import LoweringError
-from polyfhe.export.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
-from polyfhe.export.ckks.cost import COMPOSED_COST, NEW_KEY_COST, ROTATION_COST
-from polyfhe.export.ckks.layout import FALLBACK, choose_layouts, nonzero, offsets, pow2_at_least
-from polyfhe.fhe.program import Step
-from polyfhe.fhe.rotations import choose_key_steps
+from polyfhe.exporters.ckks.affine import LoweringError
+from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
+from polyfhe.exporters.ckks.cost import COMPOSED_COST, NEW_KEY_COST, ROTATION_COST
+from polyfhe.exporters.ckks.layout import FALLBACK, choose_layouts, nonzero, offsets, pow2_at_least
+from polyfhe.program.manifest import Step
+from polyfhe.runtime.rotations import choose_key_steps
 
 __all__ = ["Plan", "plan_batch", "plan_single"]
 
@@ -212,7 +212,7 @@ def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None
 
 def select_galois_steps(used: Counter, slots: int, max_keys: int | None) -> list[int]:
     """Exactly the steps used when they fit ``max_keys``; else +-2^i plus the keys that save the most key
-    switches over the plan's uses (:func:`~polyfhe.fhe.rotations.choose_key_steps`); the executor rotates
+    switches over the plan's uses (:func:`~polyfhe.runtime.rotations.choose_key_steps`); the executor rotates
     by a step without a key through the shortest chain of keys.
 
     Each Galois key is one key-switching key (about 21 MB at N=16384 with 11 primes), so an unbounded set

@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import scipy.sparse as sp
 
-from polyfhe.export.ckks.circuit import Circuit, LinearNode, node_reads
-from polyfhe.export.ckks.layout import (
+from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, node_reads
+from polyfhe.exporters.ckks.layout import (
     UNBOUNDED_SLOTS,
     circuit_input_packing,
     diagonal_count,

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from polyfhe.export.ckks.circuit import Circuit
-from polyfhe.export.ckks.cost import circuit_cost
-from polyfhe.export.ckks.lower import factoring_sites, lower_onnx
-from polyfhe.export.ckks.replicate import replicate_input
-from polyfhe.fhe.params import max_levels
+from polyfhe.exporters.ckks.circuit import Circuit
+from polyfhe.exporters.ckks.cost import circuit_cost
+from polyfhe.exporters.ckks.lower import factoring_sites, lower_onnx
+from polyfhe.exporters.ckks.replicate import replicate_input
+from polyfhe.program.params import max_levels
 
 __all__ = ["MIN_SAVING", "MIN_SPEND_SCALE_BITS", "LevelSpend", "spend_budget", "spend_levels"]
 

@@ -49,7 +49,7 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
 def apply_threads(args: argparse.Namespace) -> None:
     """``--threads N`` as ``POLYFHE_THREADS``, the variable the evaluator reads on every run, so the flag and the
     variable cannot disagree."""
-    from polyfhe.fhe.execute import THREADS_ENV
+    from polyfhe.runtime.execute import THREADS_ENV
 
     if getattr(args, "threads", None) is not None:
         os.environ[THREADS_ENV] = str(args.threads)

@@ -50,9 +50,9 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from polyfhe.calibration import CalibrationError, calibrate, sample_images
-    from polyfhe.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from polyfhe.data.sources import load_dataset
-    from polyfhe.export.onnx import ExportError
+    from polyfhe.exporters.onnx import ExportError
+    from polyfhe.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from polyfhe.training.data import Normalization
 
     try:

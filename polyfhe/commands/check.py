@@ -79,7 +79,7 @@ def _resolve(target: str, img_size: int | None = None) -> Any:
     if path.is_file() or not _looks_like_zoo_name(target):
         return path
     try:
-        from polyfhe.export.onnx import export_zoo_model_for_check
+        from polyfhe.exporters.onnx import export_zoo_model_for_check
     except ImportError as exc:
         raise _TargetError(f"{target!r} is not a file; zoo-name targets need the ONNX exporter ({exc})") from exc
     try:

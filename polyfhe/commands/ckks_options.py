@@ -13,7 +13,7 @@ MIB = 1 << 20
 
 
 def add_ckks_parameter_arguments(p: argparse.ArgumentParser) -> None:
-    from polyfhe.export.ckks import BATCH_MEMORY_BUDGET, GALOIS_KEY_BUDGET
+    from polyfhe.exporters.ckks import BATCH_MEMORY_BUDGET, GALOIS_KEY_BUDGET
 
     g = p.add_argument_group("CKKS parameters (default: the smallest 128-bit secure ones that fit the model)")
     g.add_argument("--poly-modulus-degree", type=power_of_two, metavar="N",
@@ -52,6 +52,6 @@ def ckks_parameter_options(args: argparse.Namespace) -> dict[str, Any]:
         return {**options, "poly_modulus_degree": args.poly_modulus_degree, "scale_bits": args.scale_bits}
     if args.poly_modulus_degree is None or args.scale_bits is None:
         raise ValueError("--coeff-mod-bits needs --poly-modulus-degree and --scale-bits")
-    from polyfhe.fhe.params import CKKSParams
+    from polyfhe.program.params import CKKSParams
 
     return {**options, "params": CKKSParams(args.poly_modulus_degree, args.coeff_mod_bits, args.scale_bits)}

@@ -59,7 +59,7 @@ class _BadInput(Exception):
 
 
 def run_infer(args: argparse.Namespace) -> int:
-    from polyfhe.fhe.keydir import KeyDir, KeyDirError
+    from polyfhe.program.keydir import KeyDir, KeyDirError
     from polyfhe.serve.http_client import ServeError
 
     keydir = None if args.keys is None else KeyDir(args.keys)
@@ -83,7 +83,7 @@ def run_infer(args: argparse.Namespace) -> int:
 def _infer(args: argparse.Namespace, api: Any, model: str, keydir: Any) -> int:
     from polyfhe.commands.progress import progress_bar
     from polyfhe.commands.run import RunInputError, read_input
-    from polyfhe.fhe.client import InputError
+    from polyfhe.program.boundary import InputError
 
     manifest = api.manifest(model, allow_insecure=args.allow_insecure)
     try:
@@ -122,7 +122,7 @@ def _session(api: Any, model: str, manifest: Any, keydir: Any) -> Any:
 
     upload = UploadProgress("uploading public context")
     if keydir is None:
-        from polyfhe.fhe.backends import client_for
+        from polyfhe.program.engines import client_for
 
         with progress_bar(1, "making keys", unit="key set") as bar:
             concrete = manifest.scheme == "concrete"

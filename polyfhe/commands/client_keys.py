@@ -64,7 +64,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run_create(args: argparse.Namespace) -> int:
-    from polyfhe.fhe.keydir import KeyDir, KeyDirError
+    from polyfhe.program.keydir import KeyDir, KeyDirError
     from polyfhe.serve.http_client import ServeError
 
     keydir = KeyDir(args.out)
@@ -93,8 +93,8 @@ def run_create(args: argparse.Namespace) -> int:
 def _manifest(args: argparse.Namespace) -> tuple[Any, str | None, str | None]:
     """(manifest, server URL, model name) of the keys' target."""
     if args.program is not None:
-        from polyfhe.fhe.params import require_secure
-        from polyfhe.fhe.program import load_program
+        from polyfhe.program.params import require_secure
+        from polyfhe.runtime.program import load_program
 
         manifest = load_program(args.program).manifest
         require_secure(manifest.params, args.allow_insecure, "create keys for")
@@ -105,7 +105,7 @@ def _manifest(args: argparse.Namespace) -> tuple[Any, str | None, str | None]:
 
 def _make_keys(manifest: Any) -> Any:
     from polyfhe.commands.progress import progress_bar
-    from polyfhe.fhe.backends import client_for
+    from polyfhe.program.engines import client_for
 
     with progress_bar(1, "making keys", unit="key set") as bar:
         client = client_for(manifest)

@@ -53,9 +53,9 @@ def encrypted_run_concrete(program: Any, x: np.ndarray) -> dict:
 
 
 def render(r: dict) -> None:
-    from polyfhe.commands.run import _render
+    from polyfhe.commands.render import render_run_result
 
-    _render(r)
+    render_run_result(r)
     from rich.console import Console
 
     Console(width=140).print(f"(times per sample; error against the {r['reference']})")

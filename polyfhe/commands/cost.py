@@ -74,10 +74,10 @@ def render(report) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polyfhe.fhe.backends import BackendUnavailable
-    from polyfhe.fhe.costmodel import calibrated_costs
-    from polyfhe.fhe.costmodel_models import model_cost, program_cost
-    from polyfhe.fhe.params import ParameterError
+    from polyfhe.cost.model import calibrated_costs
+    from polyfhe.cost.zoo_models import model_cost, program_cost
+    from polyfhe.program.engines import BackendUnavailable
+    from polyfhe.program.params import ParameterError
 
     console = Console(width=160)
     machine = int(args.memory_gb * 1e9) if args.memory_gb else -1
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         if args.recalibrate:
             calibrated_costs(args.backend, recalibrate=True)
         if Path(args.model).is_dir():
-            from polyfhe.fhe.program import load_program
+            from polyfhe.runtime.program import load_program
 
             report = program_cost(load_program(args.model), machine_bytes=machine)
         else:

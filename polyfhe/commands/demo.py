@@ -106,7 +106,7 @@ def _train_or_load(args: argparse.Namespace, data: ImageDataset, out_dir: Path):
 
 def _save_calibrated(model: Any, result: Any, calibration: Any, folder: Path) -> Path:
     """The calibrated model as a checkpoint with its ``calibration.json`` beside it (input to the CKKS export)."""
-    from polyfhe.checkpoint import read_checkpoint_info, save_checkpoint
+    from polyfhe.training.checkpoint import read_checkpoint_info, save_checkpoint
 
     info = read_checkpoint_info(result.out_dir)
     save_checkpoint(model, folder, model_name=info.model_name, model_kwargs=info.model_kwargs, epoch=info.epoch,
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from polyfhe.calibration import calibrate
-    from polyfhe.export.onnx import export_onnx
+    from polyfhe.exporters.onnx import export_onnx
 
     console = Console()
     start = time.perf_counter()

@@ -22,6 +22,7 @@ import numpy as np
 
 from polyfhe.commands.arguments import add_threads_argument, apply_threads, positive_int, power_of_two
 from polyfhe.commands.ckks_options import add_ckks_parameter_arguments, ckks_parameter_options
+from polyfhe.commands.errors import ExportInputError
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_NOT_EXPORTABLE", "ExportInputError", "add_parser", "load_calibration",
            "read_array", "resolve_model", "run"]
@@ -35,10 +36,6 @@ DEFAULT_SAMPLES = 256
 DEFAULT_CALIBRATION: dict[tuple[int, ...], str] = {(1, 8, 8): "digits", (1, 28, 28): "fashion-mnist"}
 
 
-class ExportInputError(ValueError):
-    """The model or calibration data cannot be read or do not fit each other (exit code 2)."""
-
-
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("export", description=__doc__,
                               help="export a zoo model, checkpoint or ONNX file to ONNX or a CKKS program",
@@ -50,7 +47,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
     p.add_argument("--layout", choices=("single", "batch"), default="single",
                    help="ckks: one sample per ciphertext (low latency) or one sample per slot (throughput)")
-    from polyfhe.fhe.backends import BACKEND_NAMES, DEFAULT_BACKEND
+    from polyfhe.program.engines import BACKEND_NAMES, DEFAULT_BACKEND
 
     p.add_argument("--backend", choices=BACKEND_NAMES, default=DEFAULT_BACKEND,
                    help="ckks: the engine that makes the keys and runs the program (lattigo: single layout, "
@@ -99,8 +96,8 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from polyfhe.concrete import ConcreteEnvMissing, ConcreteExportError
-    from polyfhe.export.ckks import CKKSExportError
+    from polyfhe.engines.concrete import ConcreteEnvMissing, ConcreteExportError
+    from polyfhe.exporters.ckks import CKKSExportError
 
     console = Console(width=140)
     apply_threads(args)
@@ -109,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
         shape = _input_shape(model)
         calibration = _calibration_for(args, shape, needs_data=not trained)
         if not trained:
-            _fill_batchnorm_statistics(model, calibration)
+            from polyfhe.calibration import recompute_from_array
+
+            recompute_from_array(model, calibration)
             console.print(f"[yellow]warning:[/] {name} is an untrained zoo model: its predictions are chance "
                           "level (train it with `polyfhe train` and pass the checkpoint folder)")
         if args.target == "onnx":
@@ -157,9 +156,9 @@ def resolve_model(args: argparse.Namespace) -> tuple[Any, str, bool]:
 
 def _from_checkpoint(directory: Path, expect: str | None, overrides: dict) -> tuple[Any, str, bool]:
     try:
-        from polyfhe.checkpoint import CheckpointError, fold_input_normalization, load_checkpoint
+        from polyfhe.training.checkpoint import CheckpointError, fold_input_normalization, load_checkpoint
     except ImportError as exc:  # the checkpoint module lands with training
-        raise ExportInputError(f"checkpoint folders need polyfhe.checkpoint ({exc})") from exc
+        raise ExportInputError(f"checkpoint folders need polyfhe.training.checkpoint ({exc})") from exc
     try:
         model, info = load_checkpoint(directory, expect_model=expect)
     except CheckpointError as exc:
@@ -250,32 +249,13 @@ def _calibration_for(args: argparse.Namespace, shape: tuple[int, ...] | None,
                            "(or --img-size/--in-chans for zoo models)")
 
 
-def _fill_batchnorm_statistics(model: Any, x: np.ndarray | None, batch: int = 128) -> None:
-    """Running mean/variance from the calibration images, so an untrained model folds to sane affine maps."""
-    import torch
-    from torch import nn
-
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if not norms or x is None:
-        return
-    for bn in norms:
-        bn.reset_running_stats()
-        bn.momentum = None  # cumulative average over all batches
-        bn.train()
-    with torch.no_grad():
-        for start in range(0, len(x), batch):
-            model(torch.from_numpy(x[start: start + batch]))
-    model.eval()
-    log.info("BatchNorm statistics of %d layers filled from %d calibration images", len(norms), len(x))
-
-
 # ----------------------------------------------------------------------------------------------------------
 # targets
 # ----------------------------------------------------------------------------------------------------------
 def _export_onnx(console: Any, model: Any, name: str, shape: tuple[int, ...] | None, out: Path) -> int:
     if isinstance(model, Path):
         raise ExportInputError(f"{model} is already ONNX; use --target ckks to compile it")
-    from polyfhe.export.onnx import ExportError, export_onnx
+    from polyfhe.exporters.onnx import ExportError, export_onnx
 
     try:
         result = export_onnx(model, out / f"{name}.onnx", shape)
@@ -291,7 +271,7 @@ def _export_onnx(console: Any, model: Any, name: str, shape: tuple[int, ...] | N
 
 def _export_ckks(console: Any, model: Any, name: str, shape: tuple[int, ...] | None,
                  calibration: np.ndarray | None, args: argparse.Namespace) -> int:
-    from polyfhe.export.ckks import export_ckks
+    from polyfhe.exporters.ckks import export_ckks
 
     kwargs = {} if isinstance(model, Path) else {"input_shape": shape}
     try:
@@ -356,7 +336,7 @@ def summary_table(program: Any, out: Path, name: str) -> Any:
 
     m = program.manifest
     info, p = m.info, m.params
-    from polyfhe.fhe.params import estimated_sizes
+    from polyfhe.program.params import estimated_sizes
 
     sizes = estimated_sizes(p, len(m.galois_steps))
     ciphertexts = 1 if m.layout == "single" else m.input_size

@@ -30,14 +30,13 @@ from typing import Any
 import numpy as np
 
 from polyfhe.commands.arguments import add_threads_argument, apply_threads, non_negative_float
-from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES
-from polyfhe.fhe.roundtrip import timed_round_trip
+from polyfhe.commands.render import MIB, render_run_result
+from polyfhe.runtime.plaintexts import DEFAULT_PLAINTEXT_BYTES
+from polyfhe.runtime.roundtrip import timed_round_trip
 
 __all__ = ["EXIT_BAD_INPUT", "READERS", "RunInputError", "add_parser", "read_input", "run"]
 
 EXIT_BAD_INPUT = 2
-MIB = 1 << 20
-SHOWN_SAMPLES = 16
 
 
 class RunInputError(ValueError):
@@ -147,13 +146,14 @@ def read_input(path: Path, manifest: Any) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
-    from polyfhe.fhe.client import InputError
-    from polyfhe.fhe.keydir import KeyDir, KeyDirError
-    from polyfhe.fhe.params import InsecureParametersError, require_secure
-    from polyfhe.fhe.program import ProgramError, load_program
+    from polyfhe.program.boundary import InputError
+    from polyfhe.program.keydir import KeyDir, KeyDirError
+    from polyfhe.program.manifest import ProgramError
+    from polyfhe.program.params import InsecureParametersError, require_secure
+    from polyfhe.runtime.program import load_program
 
     apply_threads(args)
-    from polyfhe.concrete.program import is_concrete_program
+    from polyfhe.engines.concrete.program import is_concrete_program
 
     if is_concrete_program(args.program):
         return _run_concrete(args)
@@ -177,13 +177,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        _render(result)
+        render_run_result(result)
     return 0
 
 
 def _run_concrete(args: argparse.Namespace) -> int:
     from polyfhe.commands.concrete_run import encrypted_run_concrete, render
-    from polyfhe.concrete import ConcreteEnvMissing, ConcreteProgramError, load_concrete_program
+    from polyfhe.engines.concrete import ConcreteEnvMissing, ConcreteProgramError, load_concrete_program
 
     if args.keys is not None:
         print("error: --keys restores CKKS key folders; a Concrete program makes its keys in a worker process",
@@ -240,7 +240,7 @@ def _round_trip(program: Any, client: Any, server: Any, x: np.ndarray, progress:
     """:func:`timed_round_trip` with a bar over the program's steps (an engine that runs the program in one call,
     Lattigo, fills it at the end)."""
     from polyfhe.commands.progress import progress_bar
-    from polyfhe.fhe.execute import observe_steps
+    from polyfhe.runtime.execute import observe_steps
 
     steps = len(program.manifest.steps)
     with progress_bar(steps, "evaluating encrypted", unit="step", enabled=progress) as bar:
@@ -250,58 +250,3 @@ def _round_trip(program: Any, client: Any, server: Any, x: np.ndarray, progress:
     return trip
 
 
-def _render(r: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=140)
-    console.print(f"program {r['program_id']} ({r['layout']}): {r['params']}")
-    if r["samples"] == 1:
-        console.print(f"class: {r['classes'][0]}")
-        console.print("logits: " + " ".join(f"{v:.5g}" for v in r["logits"][0]))
-    else:
-        agree = sum(a == b for a, b in zip(r["classes"], r["plain_classes"]))
-        console.print(f"classes of {r['samples']} samples (encrypted agrees with plaintext on {agree}):")
-        table = Table("sample", "class", "logits")
-        for i in range(min(r["samples"], SHOWN_SAMPLES)):
-            table.add_row(str(i), str(r["classes"][i]), " ".join(f"{v:.4g}" for v in r["logits"][i]))
-        console.print(table)
-    console.print(f"max abs error vs plaintext program: {r['max_abs_error']:.2e}")
-    table = Table(title="timings and sizes", show_header=False)
-    table.add_column("what", style="bold")
-    table.add_column("value", justify="right")
-    for key, value in r["timings"].items():
-        label = "keys restored" if key == "keygen" and r.get("keys", {}).get("restored") else key.replace("_", " ")
-        table.add_row(f"{label} time", f"{value * 1000:.1f} ms")
-    for key, value in r["sizes"].items():
-        table.add_row(key.replace("_", " "), f"{value / 1e6:.3f} MB")
-    console.print(table)
-    console.print(_counts_table(r["counts"], r.get("plaintext_cache", {})))
-
-
-COUNT_ROWS = (  # (key in counts, label)
-    ("rotations", "rotations"), ("key_switches", "key switches (rotations, relinearisations)"),
-    ("plain_products", "plaintext products"), ("products", "ct x ct products"), ("rescales", "rescales"),
-    ("encodes", "plaintexts encoded"), ("plaintext_hits", "plaintexts reused from the cache"),
-    ("evictions", "plaintexts evicted"),
-)
-
-
-def _counts_table(counts: dict, cache: dict) -> Any:
-    from rich.table import Table
-
-    table = Table(title="operations (this evaluation)", show_header=False)
-    table.add_column("what", style="bold")
-    table.add_column("value", justify="right")
-    for key, label in COUNT_ROWS:
-        if key in counts:
-            table.add_row(label, str(counts[key]))
-    for key, value in counts.items():  # an engine that only predicts its counts (Lattigo) reports planned_*
-        if key.startswith("planned_"):
-            table.add_row(f"{key.removeprefix('planned_').replace('_', ' ')} (planned, not measured)", str(value))
-    if "plaintext_bytes" in counts:
-        budget = cache.get("max_bytes")
-        limit = f" of {budget / MIB:.0f} MiB" if budget is not None else ""
-        peak = f", peak {cache['peak_bytes'] / MIB:.1f} MiB" if "peak_bytes" in cache else ""
-        table.add_row("plaintext cache held", f"{counts['plaintext_bytes'] / MIB:.1f} MiB{limit}{peak}")
-    return table

@@ -23,7 +23,7 @@ from polyfhe.commands.arguments import (
     non_negative_int,
     positive_int,
 )
-from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES
+from polyfhe.runtime.plaintexts import DEFAULT_PLAINTEXT_BYTES
 
 __all__ = ["EXIT_BAD_INPUT", "add_parser", "config_from_args", "run"]
 
@@ -133,7 +133,7 @@ def tls_options(args: argparse.Namespace) -> dict:
 def require_secure_models(registry: Any, allow_insecure: bool) -> None:
     """Every served CKKS model through the library's one security check (``require_secure``); raises
     ``InsecureParametersError`` naming the model."""
-    from polyfhe.fhe.params import InsecureParametersError, require_secure
+    from polyfhe.program.params import InsecureParametersError, require_secure
 
     for name, model in sorted(registry.models.items()):
         if model.program.scheme != "ckks":
@@ -145,8 +145,8 @@ def require_secure_models(registry: Any, allow_insecure: bool) -> None:
 
 
 def _warm(registry: Any) -> None:
-    """Encode each served CKKS program's plaintexts now (``polyfhe/fhe/prewarm.py``), saying what it took."""
-    from polyfhe.fhe.prewarm import warm_plaintexts
+    """Encode each served CKKS program's plaintexts now (``polyfhe/engines/seal/prewarm.py``), saying what it took."""
+    from polyfhe.engines.seal.prewarm import warm_plaintexts
 
     for name in registry.names():
         program = registry.models[name].program

@@ -31,7 +31,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polyfhe.concrete.env import (
+    from polyfhe.engines.concrete.env import (
         CONCRETE_ML_VERSION,
         ConcreteEnv,
         ConcreteEnvMissing,

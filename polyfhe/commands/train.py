@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from polyfhe.checkpoint import CheckpointError
+from polyfhe.training.checkpoint import CheckpointError
 from polyfhe.training.config import AMP_MODES, TrainConfig
 from polyfhe.training.data import AUGMENTATIONS
 from polyfhe.training.recipe import OPTIMIZERS

@@ -1,6 +1,6 @@
 """Readers for user-supplied image collections: CIFAR-10 python pickles, ImageFolder trees and ``.npz`` arrays.
 
-All return :class:`~polyfhe.data.sources.ImageDataset` (float32 in [0, 1], ``(N, C, H, W)``). Nothing downloads.
+All return :class:`~polyfhe.data.dataset.ImageDataset` (float32 in [0, 1], ``(N, C, H, W)``). Nothing downloads.
 CIFAR pickles are read with an unpickler that only admits the numpy names such a file needs, so a hostile
 pickle cannot run code.
 """
@@ -12,6 +12,8 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+
+from polyfhe.data.dataset import ImageDataset
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +69,6 @@ def is_cifar10_folder(root: Path) -> bool:
 
 def load_cifar10(root: str | Path):
     """CIFAR-10 'python version' folder: ``data_batch_1..5``, ``test_batch`` and optional ``batches.meta``."""
-    from polyfhe.data.sources import ImageDataset
-
     root = Path(root)
     sub = root / "cifar-10-batches-py"
     if not is_cifar10_folder(root) and is_cifar10_folder(sub):
@@ -122,8 +122,6 @@ def _labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
 
 def load_npz(root: str | Path, test_fraction: float = 0.2, seed: int = 0):
     """An ``.npz`` with ``x``/``y`` (split here) or ``x_train``/``y_train``/``x_test``/``y_test``; optional ``classes``."""
-    from polyfhe.data.sources import ImageDataset
-
     path = Path(root)
     if not path.is_file():
         raise FileNotFoundError(f"npz file {path} does not exist; expected arrays 'x' (images) and 'y' (labels)")
@@ -184,8 +182,6 @@ def load_image_folder(root: str | Path, img_size: int | None = None, test_fracti
     Images are resized to ``img_size`` (default: the first image's size) and kept grayscale only when the
     first one is; the whole tree is held in memory, so this suits small data sets.
     """
-    from polyfhe.data.sources import ImageDataset
-
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"image folder {root} does not exist; expected <root>/<class>/<image> files")

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from polyfhe.data.dataset import ImageDataset
 from polyfhe.data.formats import is_cifar10_folder, is_image_folder, load_cifar10, load_image_folder, load_npz
 from polyfhe.data.idx import read_idx
 
@@ -21,26 +21,6 @@ FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 )
-
-
-@dataclass(frozen=True)
-class ImageDataset:
-    """A train/test split of images ``(N, C, H, W)`` in [0, 1] with integer labels."""
-
-    name: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    classes: tuple[str, ...]
-
-    @property
-    def input_shape(self) -> tuple[int, int, int]:
-        return tuple(self.x_train.shape[1:])  # type: ignore[return-value]
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
 
 
 def _find_idx(root: Path, stem: str) -> Path:

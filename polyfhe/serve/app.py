@@ -21,9 +21,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from polyfhe.fhe.backends import decoded_context_bytes
-from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT
+from polyfhe.program.engines import decoded_context_bytes
+from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT
+from polyfhe.runtime.plaintexts import DEFAULT_PLAINTEXT_BYTES
 from polyfhe.serve.auth import TokenAuth
 from polyfhe.serve.bodies import declared_length, read_body
 from polyfhe.serve.config import ServeConfig

@@ -18,8 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from polyfhe.fhe.seal_backend import SerializationError
-from polyfhe.fhe.wire import WireError
+from polyfhe.program.wire import WireError
 from polyfhe.serve.errors import ApiError
 
 __all__ = ["Host", "SessionHandle", "ThreadHost", "refusal"]
@@ -29,7 +28,7 @@ log = logging.getLogger(__name__)
 
 def _seal_call_error() -> type[BaseException] | None:
     try:
-        from polyfhe.fhe.seal_native import SealCallError
+        from polyfhe.engines.seal.errors import SealCallError
     except ImportError:
         return None
     return SealCallError
@@ -39,7 +38,7 @@ def refusal(exc: BaseException, stage: str) -> ApiError | None:
     """The HTTP refusal for an engine's exception while ``stage`` ("context" or "ciphertext") was handled, or
     ``None`` for an exception the client's bytes cannot explain (a server bug: 500). Never quotes input bytes."""
     call_error = _seal_call_error()
-    if isinstance(exc, (WireError, SerializationError)):
+    if isinstance(exc, WireError):
         what = "public context" if stage == "context" else "ciphertext"
         return ApiError(400, f"bad_{stage}", f"the {what} was refused: {exc}")
     if call_error is not None and isinstance(exc, call_error):

@@ -25,9 +25,9 @@ from typing import Any, Self
 import httpx
 import numpy as np
 
-from polyfhe.fhe.client import InputError
-from polyfhe.fhe.params import security_bits_ok
-from polyfhe.fhe.program import ProgramError, ProgramManifest
+from polyfhe.program.boundary import InputError
+from polyfhe.program.manifest import ProgramError, ProgramManifest
+from polyfhe.program.params import security_bits_ok
 
 __all__ = ["InferResult", "RemoteSession", "ServeClient", "ServeError", "read_token"]
 
@@ -185,7 +185,7 @@ class ServeClient:
         Concrete ML one (its security is Concrete's own 128-bit default, fixed when it compiled)."""
         raw = self.request("GET", f"/v1/models/{model}/manifest").json()
         if isinstance(raw, dict) and raw.get("format", "").startswith("polyfhe-concrete/"):
-            from polyfhe.concrete.program import ConcreteManifest, ConcreteProgramError
+            from polyfhe.engines.concrete.program import ConcreteManifest, ConcreteProgramError
 
             try:
                 return ConcreteManifest.from_dict(raw)
@@ -203,7 +203,7 @@ class ServeClient:
     def open_session(self, model: str, keys: Any = None, allow_insecure: bool = False,
                      progress: Progress | None = None) -> RemoteSession:
         """Make keys (or use ``keys``, a client for this model) and upload the public context once."""
-        from polyfhe.fhe.backends import client_for
+        from polyfhe.program.engines import client_for
 
         if keys is None:
             manifest = self.manifest(model, allow_insecure)
@@ -224,7 +224,7 @@ class ServeClient:
         import tempfile
         from pathlib import Path
 
-        from polyfhe.concrete.program import ConcreteClient, ConcreteProgram
+        from polyfhe.engines.concrete.program import ConcreteClient, ConcreteProgram
 
         data = self.request("GET", f"/v1/models/{model}/client.zip").content
         if hashlib.sha256(data).hexdigest() != manifest.files.get("client.zip"):
@@ -271,7 +271,7 @@ class RemoteSession:
     api: ServeClient
     id: str
     model: str
-    keys: Any  # polyfhe.fhe.client.CKKSClient: holds the secret key, never sent
+    keys: Any  # polyfhe.engines.seal.client.CKKSClient: holds the secret key, never sent
     context_bytes: int
     upload_seconds: float
     info: dict = field(default_factory=dict)

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polyfhe.fhe.params import estimated_sizes as params_sizes
-from polyfhe.fhe.plaintexts import DEFAULT_PLAINTEXT_BYTES, store_with_budget
-from polyfhe.fhe.program import CKKSProgram, ProgramError, load_program
+from polyfhe.program.manifest import ProgramError
+from polyfhe.program.params import estimated_sizes as params_sizes
+from polyfhe.runtime.plaintexts import DEFAULT_PLAINTEXT_BYTES, store_with_budget
+from polyfhe.runtime.program import CKKSProgram, load_program
 
 __all__ = ["CARD_FILE", "Model", "Registry", "RegistryError", "estimated_sizes"]
 
@@ -140,7 +141,7 @@ class Registry:
             self.skipped[name] = "folder name must be 1-64 letters, digits, '.', '_' or '-'"
             log.warning("skipping program folder %r: %s", name, self.skipped[name])
             return
-        from polyfhe.concrete import (
+        from polyfhe.engines.concrete import (
             ConcreteEnvMissing,
             ConcreteProgramError,
             find_env,

@@ -1,7 +1,7 @@
 """A first look at uploaded bytes: container kind and identity, so that refusals say exactly what was wrong.
 
 Only the small JSON header is parsed here (no copy of the sections); the full validation (sizes, sections,
-SEAL's own checks) is the job of :class:`polyfhe.fhe.server.CKKSServer`.
+SEAL's own checks) is the job of :class:`polyfhe.engines.seal.server.CKKSServer`.
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import struct
 
-from polyfhe.fhe.program import CKKSProgram
-from polyfhe.fhe.wire import (
+from polyfhe.program.wire import (
     KIND_CONTEXT,
     KIND_NAMES,
     KIND_SECRET,
@@ -19,6 +18,7 @@ from polyfhe.fhe.wire import (
     MAX_HEADER_NESTING,
     header_nesting,
 )
+from polyfhe.runtime.program import CKKSProgram
 from polyfhe.serve.errors import ApiError
 
 __all__ = ["check_upload"]

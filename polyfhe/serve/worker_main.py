@@ -199,7 +199,7 @@ class _Worker:
 
 def _warm(registry: Any) -> list[dict]:
     """Each CKKS program's plaintexts encoded now: (name, encoded, seconds, bytes) per program."""
-    from polyfhe.fhe.prewarm import warm_plaintexts
+    from polyfhe.engines.seal.prewarm import warm_plaintexts
 
     out = []
     for name in registry.names():

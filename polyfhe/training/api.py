@@ -17,9 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from polyfhe.checkpoint import CheckpointError, load_checkpoint, read_checkpoint_info, save_checkpoint
 from polyfhe.data.sources import ImageDataset, open_dataset
 from polyfhe.models.registry import create_model, model_entry
+from polyfhe.training.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    read_checkpoint_info,
+    save_checkpoint,
+)
 from polyfhe.training.config import TrainConfig
 from polyfhe.training.data import Normalization, Splits, make_splits
 from polyfhe.training.distributed import DistContext, setup, teardown

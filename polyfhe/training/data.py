@@ -69,7 +69,7 @@ class Normalization:
         Exported programs then take raw images, and the CKKS compiler merges the affine into the first linear
         map, so it costs no level. The wrapper keeps the attributes the exporters read.
         """
-        from polyfhe.fold.primitives import ConstantAffine
+        from polyfhe.folding.primitives import ConstantAffine
 
         std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
         mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from polyfhe.checkpoint import load_checkpoint, save_checkpoint
+from polyfhe.training.checkpoint import load_checkpoint, save_checkpoint
 from polyfhe.training.config import TrainConfig
 from polyfhe.training.data import (
     AUGMENTATIONS,

@@ -152,13 +152,13 @@ def test_cli_human_report(poly_path: Path, relu_path: Path, capsys: pytest.Captu
 
 
 def test_cli_zoo_name_without_exporter(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    monkeypatch.setitem(sys.modules, "polyfhe.export.onnx", None)  # import -> ImportError
+    monkeypatch.setitem(sys.modules, "polyfhe.exporters.onnx", None)  # import -> ImportError
     assert _run(["check", "monet_t"]) == 2
     assert "zoo-name targets need the ONNX exporter" in capsys.readouterr().err
 
 
 def test_cli_zoo_name_with_exporter(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    fake = types.ModuleType("polyfhe.export.onnx")
+    fake = types.ModuleType("polyfhe.exporters.onnx")
     calls: list[str] = []
 
     def export_zoo_model_for_check(name: str, img_size: int | None = None) -> onnx.ModelProto:
@@ -168,7 +168,7 @@ def test_cli_zoo_name_with_exporter(monkeypatch: pytest.MonkeyPatch, capsys) -> 
         return _poly_model()
 
     fake.export_zoo_model_for_check = export_zoo_model_for_check  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "polyfhe.export.onnx", fake)
+    monkeypatch.setitem(sys.modules, "polyfhe.exporters.onnx", fake)
     assert _run(["check", "tiny_poly", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["degree"] == 2
     assert _run(["check", "no_such_model"]) == 2

@@ -12,10 +12,10 @@ import torch
 
 import polyfhe
 from polyfhe.calibration import CALIBRATION_FILE, CalibrationError, CalibrationResult, sample_images
-from polyfhe.checkpoint import load_checkpoint, save_checkpoint
 from polyfhe.cli import main as cli_main
 from polyfhe.data.sources import load_digits
 from polyfhe.models.layers.token_norms import TokenBatchNorm
+from polyfhe.training.checkpoint import load_checkpoint, save_checkpoint
 
 KWARGS = {"img_size": 8, "num_classes": 10, "in_chans": 1}
 

@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from polyfhe.concrete import (
+from polyfhe.engines.concrete import (
     ConcreteEnvMissing,
     ConcreteProgram,
     ConcreteProgramError,
     find_env,
     load_concrete_program,
 )
-from polyfhe.concrete.env import ConcreteEnv
-from polyfhe.concrete.program import ConcreteServer
-from polyfhe.concrete.worker import ConcreteCallError, ConcreteWorkerDied, Worker
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, WireError, pack
+from polyfhe.engines.concrete.env import ConcreteEnv
+from polyfhe.engines.concrete.program import ConcreteServer
+from polyfhe.engines.concrete.worker import ConcreteCallError, ConcreteWorkerDied, Worker
+from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, WireError, pack
 
 
 def test_missing_environment_names_the_command(tmp_path):
@@ -131,7 +131,7 @@ def test_server_refuses_bad_public_keys_before_concrete_parses_them(tmp_path, mo
 
 
 def test_inputs_of_the_wrong_size_are_refused_by_the_client(tmp_path):
-    from polyfhe.concrete.program import ConcreteClient
+    from polyfhe.engines.concrete.program import ConcreteClient
 
     client = ConcreteClient.__new__(ConcreteClient)  # no worker: the check comes first
     client.program = _fake_program(tmp_path / "p")
@@ -142,7 +142,7 @@ def test_inputs_of_the_wrong_size_are_refused_by_the_client(tmp_path):
 
 
 def test_concrete_refusals_name_the_node_and_the_knob():
-    from polyfhe.concrete.export import _explain
+    from polyfhe.exporters.concrete.export import _explain
 
     settings = {"n_bits": 12, "rounding_threshold_bits": None, "p_error": None}
     wide = ("Function you are trying to compile cannot be compiled\n%3 = matmul(%1, %2)  # EncryptedTensor<int28> "
@@ -157,7 +157,7 @@ def test_unimplemented_ops_are_named_with_their_nodes():
     import onnx
     from onnx import TensorProto, helper
 
-    from polyfhe.concrete.export import _explain
+    from polyfhe.exporters.concrete.export import _explain
 
     graph = helper.make_graph([helper.make_node("CumSum", ["x", "axis"], ["y"], name="/head/CumSum")], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
@@ -197,13 +197,13 @@ class ChannelSplit:
 
 
 def test_shape_subgraphs_are_folded_for_concrete():
-    from polyfhe.concrete.export import to_concrete_onnx
-    from polyfhe.concrete.graph_prep import fold_public_shapes
+    from polyfhe.exporters.concrete.export import to_concrete_onnx
+    from polyfhe.exporters.concrete.graph_prep import fold_public_shapes
     from polyfhe.ort_providers import inference_session
 
     model = ChannelSplit.build()
     x = np.random.default_rng(0).random((5, 1, 8, 8)).astype(np.float32)
-    from polyfhe.concrete.export import _opset_graph
+    from polyfhe.exporters.concrete.export import _opset_graph
 
     raw, _ = _opset_graph(model, (1, 8, 8))
     assert any(n.op_type == "Shape" for n in raw.graph.node)
@@ -233,7 +233,7 @@ def test_a_worker_past_its_memory_limit_is_stopped_with_the_reason(tmp_path):
 def test_dilated_convolutions_are_named():
     from onnx import TensorProto, helper
 
-    from polyfhe.concrete.export import _explain
+    from polyfhe.exporters.concrete.export import _explain
 
     conv = helper.make_node("Conv", ["x", "w"], ["y"], name="/stage1/dw/Conv", dilations=[2, 2], pads=[2, 2, 2, 2])
     graph = helper.make_graph([conv], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
@@ -247,7 +247,7 @@ def test_dilated_convolutions_are_named():
 
 def test_key_prediction_checks_limit_and_memory():
     """The refusal before key generation (no Concrete needed): the server's limit, then the memory free."""
-    from polyfhe.concrete.keys import ConcreteKeysTooLarge, check_keys_fit, keygen_memory_bytes
+    from polyfhe.engines.concrete.keys import ConcreteKeysTooLarge, check_keys_fit, keygen_memory_bytes
 
     keys = {"evaluation_keys_bytes": 3_440_000_000, "bootstrap_keys_bytes_in_memory": 6_860_000_000,
             "keyswitch_keys_bytes_in_memory": 4_010_000_000}

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from polyfhe.concrete import ConcreteExportError, export_concrete, load_concrete_program
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, WireError, pack, unpack
+from polyfhe.engines.concrete import ConcreteExportError, export_concrete, load_concrete_program
+from polyfhe.program.wire import KIND_CIPHERTEXT, WireError, pack, unpack
 from tests.fhe.ckks_testlib import Square, digits, train
 
 pytestmark = pytest.mark.concrete
@@ -130,7 +130,7 @@ def test_cli_export_and_run(mlp, tmp_path, capsys):
 
     x, _, xt, _ = digits()
     onnx_path = tmp_path / "mlp.onnx"
-    from polyfhe.export.onnx import export_onnx
+    from polyfhe.exporters.onnx import export_onnx
 
     export_onnx(mlp, onnx_path, (1, 8, 8))
     np.save(tmp_path / "calib.npy", x[:100].astype(np.float32))
@@ -266,7 +266,7 @@ def test_defaults_serve_a_first_model(first_model):
     finally:
         client.close()
     # a client asked for keys past its limit is refused from the manifest's prediction, before any key is made
-    from polyfhe.concrete import ConcreteKeysTooLarge
+    from polyfhe.engines.concrete import ConcreteKeysTooLarge
 
     t1 = time.perf_counter()
     with pytest.raises(ConcreteKeysTooLarge, match=r"would be 0\.\d\d GB .*before any key is made.*--max-context-mb"):

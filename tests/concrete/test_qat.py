@@ -1,4 +1,4 @@
-"""Fake quantization and quantization-aware fine-tuning (polyfhe.concrete.qat): Concrete ML's grids, hooks
+"""Fake quantization and quantization-aware fine-tuning (polyfhe.exporters.concrete.qat): Concrete ML's grids, hooks
 that leave no trace, and fine-tuning that makes a digits model survive 3-bit quantization."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from polyfhe.concrete.qat import (
+from polyfhe.exporters.concrete.qat import (
     FakeQuantHooks,
     fake_quant_accuracy,
     fake_quantize,

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import polyfhe
-from polyfhe.export.onnx import ExportError, export_onnx
+from polyfhe.exporters.onnx import ExportError, export_onnx
 
 
 def _trained_like(name: str, **overrides) -> nn.Module:

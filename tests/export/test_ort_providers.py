@@ -155,8 +155,8 @@ def test_library_sessions_ask_for_cuda_and_the_shape_probe_stays_on_cpu(
 
     from polyfhe.calibration import profile_onnx_ranges
     from polyfhe.commands.demo import onnx_accuracy
-    from polyfhe.export.ckks.lower import lower_onnx
-    from polyfhe.export.onnx import export_onnx
+    from polyfhe.exporters.ckks.lower import lower_onnx
+    from polyfhe.exporters.onnx import export_onnx
 
     monkeypatch.setattr(ort_providers, "available_providers", lambda: GPU_BUILD)
     recorder = SessionRecorder()

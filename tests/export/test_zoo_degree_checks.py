@@ -15,7 +15,7 @@ import pytest
 
 import polyfhe
 from polyfhe.cli import main as cli_main
-from polyfhe.export.onnx import export_zoo_model_for_check
+from polyfhe.exporters.onnx import export_zoo_model_for_check
 from polyfhe.zoo import analysis_img_size
 
 DATA_DEPENDENT_OPS = {"ReduceMean", "Sqrt", "Div", "Reciprocal", "LayerNormalization", "Pow", "Max", "Clip"}

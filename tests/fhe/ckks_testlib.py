@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -12,53 +11,26 @@ import numpy as np
 import torch
 from torch import nn
 
-from polyfhe.data.sources import load_digits
+
+def _load_toys():
+    """bench/toy_models.py: the small models and the digits trainer the benchmarks share with these tests."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "toy_models.py"
+    spec = importlib.util.spec_from_file_location("polyfhe_bench_toy_models", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
-class Square(nn.Module):
-    def forward(self, x):
-        return x * x
-
-
-class Cube(nn.Module):
-    def forward(self, x):
-        return torch.pow(x, 3)
-
-
-@functools.lru_cache(maxsize=1)
-def digits():
-    data = load_digits()
-    return data.x_train.astype(np.float64), data.y_train, data.x_test.astype(np.float64), data.y_test
-
-
-def train(model: nn.Module, epochs: int = 30, lr: float = 0.01, batch_size: int = 256,
-          data: tuple[np.ndarray, np.ndarray] | None = None) -> nn.Module:
-    """A few AdamW epochs (on ``data`` = (x, y), digits' training split by default): enough for the tests to check
-    real decisions, not chance. One torch thread: these tiny matrices run several times slower when two threads
-    fight over a busy 2-core machine."""
-    x, y = data if data is not None else digits()[:2]
-    torch.manual_seed(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.long)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model.train()
-        for _ in range(epochs):
-            for i in range(0, len(xt), batch_size):
-                opt.zero_grad()
-                nn.functional.cross_entropy(model(xt[i:i + batch_size]), yt[i:i + batch_size]).backward()
-                opt.step()
-    finally:
-        torch.set_num_threads(threads)
-    return model.eval()
+_toys = _load_toys()
+Square, Cube, digits, train = _toys.Square, _toys.Cube, _toys.digits, _toys.train
 
 
 def encrypted_and_plain(model: nn.Module, x: np.ndarray, min_samples: int = 16, backend: str = "seal",
                         input_shape: tuple[int, ...] = (1, 8, 8)) -> tuple[np.ndarray, np.ndarray]:
     """Logits of the first rows of ``x`` (at least ``min_samples``, whole ciphertexts) run encrypted in the single
     layout, and the float64 plaintext logits of the same rows."""
-    from polyfhe.export.ckks import export_ckks
+    from polyfhe.exporters.ckks import export_ckks
 
     prog = export_ckks(model, calibration=x[:64], layout="single", input_shape=input_shape, backend=backend)
     client = prog.client()
@@ -79,7 +51,7 @@ def digits_mlp() -> nn.Module:
 
 def digits_program():
     """(the digits MLP compiled for SEAL's single layout on 64 calibration samples, the test images)."""
-    from polyfhe.export.ckks import export_ckks
+    from polyfhe.exporters.ckks import export_ckks
 
     _, _, x, _ = digits()
     return export_ckks(digits_mlp(), calibration=x[:64], input_shape=(1, 8, 8)), x

@@ -26,7 +26,7 @@ def test_both_speedups_are_like_for_like(bench):
 
 
 def test_lattigo_run_counts_are_labelled_planned():
-    from polyfhe.fhe.backends.lattigo import planned_counts
+    from polyfhe.engines.lattigo.engine import planned_counts
 
     counts = planned_counts({"bootstraps": 2, "giant_rotations": 7, "products": 3})
     assert counts == {"planned_bootstraps": 2, "planned_giant_rotations": 7, "planned_products": 3}
@@ -36,9 +36,9 @@ def test_lattigo_run_counts_are_labelled_planned():
 def test_run_renders_planned_counts_as_planned():
     from rich.console import Console
 
-    from polyfhe.commands.run import _counts_table
+    from polyfhe.commands.render import counts_table
 
     console = Console(record=True, width=120)
-    console.print(_counts_table({"planned_giant_rotations": 7}, {}))
+    console.print(counts_table({"planned_giant_rotations": 7}, {}))
     text = console.export_text()
     assert "giant rotations (planned, not measured)" in text and "7" in text

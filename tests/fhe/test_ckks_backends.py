@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 from ckks_testlib import digits, digits_mlp
 
-from polyfhe.export.ckks import CKKSExportError, export_ckks
-from polyfhe.fhe.backends import BACKEND_NAMES, get_backend
-from polyfhe.fhe.backends.lattigo import check_security
-from polyfhe.fhe.backends.lattigo_format import bsgs_rotations, galois_element, parse_container
-from polyfhe.fhe.params import CKKSParams, ParameterError
-from polyfhe.fhe.program import load_program
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
+from polyfhe.engines.lattigo.engine import check_security
+from polyfhe.engines.lattigo.format import bsgs_rotations, galois_element, parse_container
+from polyfhe.exporters.ckks import CKKSExportError, export_ckks
+from polyfhe.program.engines import BACKEND_NAMES, get_backend
+from polyfhe.program.params import CKKSParams, ParameterError
+from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
+from polyfhe.runtime.program import load_program
 
 pytestmark = pytest.mark.fhe
 
@@ -51,7 +51,7 @@ def test_manifest_names_its_backend_and_survives_a_round_trip(programs, tmp_path
 def test_only_an_engine_that_composes_rotations_gets_a_key_budget(monkeypatch):
     """SEAL composes a rotation without a key from power-of-two keys; Lattigo plans its own key set, so a
     key budget (and its composed-rotation fallback and warning) applies to SEAL programs only."""
-    import polyfhe.export.ckks as exporter
+    import polyfhe.exporters.ckks as exporter
 
     budgets = {}
 
@@ -70,7 +70,7 @@ def test_only_an_engine_that_composes_rotations_gets_a_key_budget(monkeypatch):
 
 
 def test_lattigo_key_set_size_is_predicted_and_an_unservable_one_refused(programs, monkeypatch):
-    from polyfhe.fhe.backends import lattigo
+    from polyfhe.program.engines import lattigo
 
     prog = programs["lattigo"]
     keys = len(prog.manifest.galois_steps) + 1  # and the relinearisation key
@@ -87,7 +87,7 @@ def test_lattigo_key_set_size_is_predicted_and_an_unservable_one_refused(program
 
 
 def test_the_container_asks_exactly_for_the_manifests_keys(programs):
-    from polyfhe.fhe.backends.lattigo_format import lower_program
+    from polyfhe.engines.lattigo.format import lower_program
 
     prog = programs["lattigo"]
     header, blobs = parse_container(lower_program(prog).data)
@@ -139,7 +139,7 @@ def test_contexts_cross_engines_are_refused(programs):
 def test_key_set_made_one_key_at_a_time_is_lattigos_own_marshalling():
     from lattigo import ckks, rlwe
 
-    from polyfhe.fhe.backends.lattigo_format import evaluation_key_set
+    from polyfhe.engines.lattigo.format import evaluation_key_set
 
     params = ckks.Parameters.from_dict({"logn": 12, "logq": [40, 30, 30], "logp": [45], "log_default_scale": 30,
                                         "h": 2730, "ring_type": "standard", "boot_logp": None})
@@ -159,7 +159,7 @@ def test_adds_of_unequal_scales_are_corrected_as_lattigo_applies_them():
     """Lattigo multiplies the smaller-scale operand of an add by floor(ratio): 1 for a ratio of 1.3."""
     from fractions import Fraction
 
-    from polyfhe.fhe.backends.lattigo_format import LattigoScales, Tag
+    from polyfhe.engines.lattigo.format import LattigoScales, Tag
 
     scales = LattigoScales([1 << 40, (1 << 30) - 2**20, 1 << 30], 30)
     a, b = Tag(1, Fraction(13, 10) * 2**30), Tag(2, Fraction(2**30))
@@ -200,7 +200,7 @@ def test_the_command_restarts_once_with_gos_collector_settings(given, expected):
     env = {k: v for k, v in os.environ.items() if k not in ("GOGC", "POLYFHE_GO_ENV_SET")}
     if given is not None:
         env["GOGC"] = given
-    code = ("import os; from polyfhe.fhe.backends.go_env import restart_with_go_env; print('start', flush=True); "
+    code = ("import os; from polyfhe.engines.lattigo.go_env import restart_with_go_env; print('start', flush=True); "
             "restart_with_go_env(); print(os.environ['GOGC'])")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == (["start", "start", expected] if given is None else ["start", expected])
@@ -211,8 +211,8 @@ def test_lattigo_key_set_is_walked_before_go_reads_it(programs):
     exactly the manifest's: Go would otherwise trust a corrupted count."""
     import struct
 
-    from polyfhe.fhe.backends.lattigo_bytes import KeyShape
-    from polyfhe.fhe.backends.lattigo_format import lattigo_params
+    from polyfhe.engines.lattigo.format import lattigo_params
+    from polyfhe.engines.lattigo.keybytes import KeyShape
 
     prog = programs["lattigo"]
     box = unpack(prog.client().public_context(), KIND_CONTEXT)
@@ -246,7 +246,7 @@ def test_a_lattigo_ciphertext_with_a_lying_count_is_refused_not_fatal(programs, 
     them with a reason and keeps serving."""
     import struct
 
-    from polyfhe.fhe.backends.lattigo_bytes import METADATA_BYTES
+    from polyfhe.engines.lattigo.keybytes import METADATA_BYTES
 
     prog = programs["lattigo"]
     client = prog.client()

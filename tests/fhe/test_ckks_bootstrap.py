@@ -16,11 +16,11 @@ import torch
 from sympy import isprime as sympy_isprime
 from torch import nn
 
-from polyfhe.export.ckks import CKKSExportError, export_ckks
-from polyfhe.export.ckks.bootstrap import BootstrapError, insert_bootstraps, place_bootstraps
-from polyfhe.fhe.backends.lattigo import lower
-from polyfhe.fhe.backends.lattigo_format import parse_container, run_container_plain
-from polyfhe.fhe.bootparams import (
+from polyfhe.engines.lattigo.engine import lower
+from polyfhe.engines.lattigo.format import parse_container, run_container_plain
+from polyfhe.exporters.ckks import CKKSExportError, export_ckks
+from polyfhe.exporters.ckks.bootstrap import BootstrapError, insert_bootstraps, place_bootstraps
+from polyfhe.program.bootparams import (
     BOOTSTRAP_RING,
     CIRCUIT_BITS,
     KEYGEN_PEAK_FACTOR,
@@ -36,9 +36,9 @@ from polyfhe.fhe.bootparams import (
     max_refresh_log_slots,
     special_primes,
 )
-from polyfhe.fhe.execute import pack_single, run_plain
-from polyfhe.fhe.params import MAX_BITS_128, CKKSParams, ParameterError
-from polyfhe.fhe.program import Step
+from polyfhe.program.manifest import Step
+from polyfhe.program.params import MAX_BITS_128, CKKSParams, ParameterError
+from polyfhe.runtime.execute import pack_single, run_plain
 from tests.fhe.ckks_testlib import Square, digits, train
 
 LATTIGO = importlib.util.find_spec("lattigo") is not None
@@ -237,7 +237,7 @@ def test_ring_switching_a_sparse_secret_and_a_wide_ephemeral_key_are_refused():
 
 @pytest.mark.skipif(not LATTIGO, reason="the orion-v2-lattigo wheel is not installed")
 def test_the_residual_primes_are_the_wheels():
-    from polyfhe.fhe.backends.lattigo import lattigo_primes
+    from polyfhe.engines.lattigo.engine import lattigo_primes
 
     for params, spec in ((CKKSParams(1 << 16, (60,) + (40,) * 11 + (60,), 40), BootstrapSpec(16, (61,) * 6, 13)),
                          (SMALL_RING, BootstrapSpec(12, (61,) * 6, 3))):
@@ -318,7 +318,7 @@ def test_bootstrapped_program_reports_its_placement_and_matches_torch_in_plain(d
     assert header["manifest"]["bootstrap_slots"] == [info["slots"]] and header["params"]["btp_logn"] == 12
     m = prog.manifest
     vec = run_container_plain(lowered.data, pack_single(m, x[: m.samples_per_ciphertext].reshape(-1, 64)))
-    from polyfhe.fhe.execute import unpack_single
+    from polyfhe.runtime.execute import unpack_single
 
     out = unpack_single(m, vec, min(len(x), m.samples_per_ciphertext))
     assert np.abs(out - ref[: len(out)]).max() < 1e-4
@@ -339,7 +339,7 @@ def test_bootstrapped_program_runs_encrypted_on_lattigo(deep_program):
 
 
 def test_a_context_without_bootstrapping_keys_is_refused(deep_program):
-    from polyfhe.fhe.wire import KIND_CONTEXT, WireError, pack, unpack
+    from polyfhe.program.wire import KIND_CONTEXT, WireError, pack, unpack
 
     _, prog = deep_program
     client = prog.client()
@@ -372,9 +372,9 @@ def test_128_bit_bootstrapping_is_refused_within_a_24_gib_machine_saying_what_it
                                                                                        monkeypatch):
     """128-bit bootstrapping runs on N=2^16 only, and its key generation peaks near 24 GB: on CI's 24 GiB machine
     (default budget 75% of it) the export refuses, with the memory it needs and the setting that plans for more."""
-    import polyfhe.export.ckks as exporter
+    import polyfhe.exporters.ckks as exporter
     from polyfhe.cli import main
-    from polyfhe.export.onnx import export_onnx
+    from polyfhe.exporters.onnx import export_onnx
 
     monkeypatch.setattr(exporter, "machine_memory_budget", lambda: CI_MACHINE_BUDGET)
     x = digits()[0][:16]
@@ -403,8 +403,8 @@ def test_128_bit_bootstrapping_is_refused_within_a_24_gib_machine_saying_what_it
 
 def test_cli_exports_a_deep_model_with_bootstraps_and_refuses_it_with_bootstrap_off(tmp_path, capsys):
     from polyfhe.cli import main
-    from polyfhe.export.onnx import export_onnx
-    from polyfhe.fhe.program import load_program
+    from polyfhe.exporters.onnx import export_onnx
+    from polyfhe.runtime.program import load_program
 
     onnx_path = tmp_path / "deep.onnx"
     export_onnx(_deep_chain(), onnx_path, (1, 8, 8))
@@ -469,8 +469,8 @@ def test_bootstrapping_keys_with_a_lying_count_are_refused_before_go_reads_them(
     the bootstrapping keys must fit in the bytes present."""
     import struct
 
-    from polyfhe.fhe.backends.lattigo_bytes import check_bootstrap_keys
-    from polyfhe.fhe.wire import KIND_CONTEXT, WireError, pack, unpack
+    from polyfhe.engines.lattigo.keybytes import check_bootstrap_keys
+    from polyfhe.program.wire import KIND_CONTEXT, WireError, pack, unpack
 
     _, prog = deep_program
     box = unpack(prog.client().public_context(), KIND_CONTEXT)

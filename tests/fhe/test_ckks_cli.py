@@ -15,7 +15,7 @@ from PIL import Image
 from torch import nn
 
 from polyfhe.cli import main
-from polyfhe.export.onnx import export_onnx
+from polyfhe.exporters.onnx import export_onnx
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -154,10 +154,10 @@ def test_export_samples_per_ciphertext_option(exported, tmp_path, capsys):
 
 def test_export_of_a_checkpoint_takes_raw_images(tmp_path, capsys):
     """A checkpoint trained on (x - mean) / std compiles to a program fed [0, 1] images, at no extra level."""
-    from polyfhe.checkpoint import save_checkpoint
     from polyfhe.data.sources import load_digits
-    from polyfhe.fold import fold
+    from polyfhe.folding import fold
     from polyfhe.models.registry import create_model
+    from polyfhe.training.checkpoint import save_checkpoint
     from polyfhe.training.data import Normalization
 
     kwargs = {"img_size": 8, "dims": (16,), "depths": (1,)}
@@ -175,7 +175,7 @@ def test_export_of_a_checkpoint_takes_raw_images(tmp_path, capsys):
     for ckpt, out in (("ckpt", "prog"), ("raw", "plain")):  # default calibration: digits in [0, 1]
         assert main(["export", str(tmp_path / ckpt), "--out", str(tmp_path / out)]) == 0
     capsys.readouterr()
-    from polyfhe.fhe.program import load_program
+    from polyfhe.runtime.program import load_program
 
     prog = load_program(tmp_path / "prog")
     with torch.no_grad():

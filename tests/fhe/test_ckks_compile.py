@@ -13,9 +13,10 @@ import torch
 from ckks_testlib import digits, digits_mlp, square_cnn
 from onnx import TensorProto, helper, numpy_helper
 
-from polyfhe.export.ckks import CKKSExportError, export_ckks
-from polyfhe.fhe.params import CKKSParams, ParameterError, choose_params, validate
-from polyfhe.fhe.program import ProgramError, load_program
+from polyfhe.exporters.ckks import CKKSExportError, export_ckks
+from polyfhe.program.manifest import ProgramError
+from polyfhe.program.params import CKKSParams, ParameterError, choose_params, validate
+from polyfhe.runtime.program import load_program
 
 
 def _torch_out(model, x):

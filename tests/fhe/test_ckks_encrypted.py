@@ -9,11 +9,11 @@ import pytest
 import torch
 from ckks_testlib import accuracy, digits, digits_mlp, square_cnn, train
 
-from polyfhe.export.ckks import CKKSExportError, export_ckks
-from polyfhe.fhe.client import InputError
-from polyfhe.fhe.seal_backend import SerializationError
-from polyfhe.fhe.wire import WireError
+from polyfhe.engines.seal.context import SerializationError
+from polyfhe.exporters.ckks import CKKSExportError, export_ckks
 from polyfhe.models.registry import create_model
+from polyfhe.program.boundary import InputError
+from polyfhe.program.wire import WireError
 
 pytestmark = pytest.mark.fhe
 log = logging.getLogger(__name__)

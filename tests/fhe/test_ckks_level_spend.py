@@ -15,10 +15,10 @@ from ckks_testlib import Square, digits, train
 from torch import nn
 
 import polyfhe
-from polyfhe.export.ckks import spend, to_onnx_model
-from polyfhe.export.ckks.lower import factoring_sites, lower_onnx
-from polyfhe.export.ckks.plan import plan_single
-from polyfhe.fhe.params import ParameterError, choose_params, max_levels
+from polyfhe.exporters.ckks import spend, to_onnx_model
+from polyfhe.exporters.ckks.lower import factoring_sites, lower_onnx
+from polyfhe.exporters.ckks.plan import plan_single
+from polyfhe.program.params import ParameterError, choose_params, max_levels
 
 
 class ConsolidationBlock(nn.Module):

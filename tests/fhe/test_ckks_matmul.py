@@ -9,10 +9,10 @@ import torch
 from onnx import TensorProto, helper
 from torch import nn
 
-from polyfhe.export.ckks import CKKSExportError, export_ckks, to_onnx_model
-from polyfhe.export.ckks.circuit import LinearNode, MatMulNode, MulNode
-from polyfhe.export.ckks.lower import lower_onnx
-from polyfhe.export.ckks.matmul import expand_matmuls, matmul_index_maps
+from polyfhe.exporters.ckks import CKKSExportError, export_ckks, to_onnx_model
+from polyfhe.exporters.ckks.circuit import LinearNode, MatMulNode, MulNode
+from polyfhe.exporters.ckks.lower import lower_onnx
+from polyfhe.exporters.ckks.matmul import expand_matmuls, matmul_index_maps
 from polyfhe.models.polynext import ARCHS, PolyNeXtArch, StageConfig, build_polynext
 
 

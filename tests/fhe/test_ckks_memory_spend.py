@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from polyfhe.export.ckks import CKKSExportError, export_ckks, to_onnx_model
-from polyfhe.export.ckks.lower import lower_onnx, shift_sites
-from polyfhe.fhe.bootparams import server_peak_bytes
-from polyfhe.fhe.execute import run_plain
-from polyfhe.fhe.params import CKKSParams
+from polyfhe.exporters.ckks import CKKSExportError, export_ckks, to_onnx_model
+from polyfhe.exporters.ckks.lower import lower_onnx, shift_sites
 from polyfhe.models.layers.shift import spatial_shift
+from polyfhe.program.bootparams import server_peak_bytes
+from polyfhe.program.params import CKKSParams
+from polyfhe.runtime.execute import run_plain
 from tests.fhe.ckks_testlib import digits
 
 # 3 levels between bootstraps, on its own ring; INSECURE on purpose (240 bits at N=4096, whose 128-bit bound is 109)
@@ -123,7 +123,8 @@ def test_a_server_that_fits_no_plan_is_refused_with_both_tries(merged_program):
 
 
 def test_the_refusal_prices_its_bootstraps_from_a_cached_calibration(merged_program, monkeypatch):
-    from polyfhe.fhe import costmodel, opcosts
+    from polyfhe.cost import model as costmodel
+    from polyfhe.cost import opcosts
 
     peak = merged_program.manifest.info["bootstrap"]["server_memory"]["peak_bytes"]
     monkeypatch.setattr(opcosts, "read_cached", lambda engine: None)

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 import polyfhe
 from polyfhe.analysis import analyze
 from polyfhe.analysis.optable import Lowering, op_table, ops_lowered_as
-from polyfhe.export.ckks.affine import LINEAR_OPS
+from polyfhe.exporters.ckks.affine import LINEAR_OPS
 
 LINEAR, COMBINE, PRODUCT, ALIAS, PUBLIC = (Lowering.LINEAR, Lowering.COMBINE, Lowering.PRODUCT, Lowering.ALIAS,
                                           Lowering.PUBLIC)

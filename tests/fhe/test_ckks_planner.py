@@ -14,13 +14,14 @@ import torch.nn.functional as F
 from graph_gen import shift_conv, user_models
 
 import polyfhe
-from polyfhe.export.ckks.circuit import Circuit, LinearNode, MulNode
-from polyfhe.export.ckks.counters import naf_weight
-from polyfhe.export.ckks.opmatrix import conv_matrix
-from polyfhe.export.ckks.plan import plan_single
-from polyfhe.fhe.execute import NumpyOps, execute, pack_single, unpack_single
-from polyfhe.fhe.params import CKKSParams
-from polyfhe.fhe.program import CKKSProgram, ProgramManifest
+from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, MulNode
+from polyfhe.exporters.ckks.counters import naf_weight
+from polyfhe.exporters.ckks.opmatrix import conv_matrix
+from polyfhe.exporters.ckks.plan import plan_single
+from polyfhe.program.manifest import ProgramManifest
+from polyfhe.program.params import CKKSParams
+from polyfhe.runtime.execute import NumpyOps, execute, pack_single, unpack_single
+from polyfhe.runtime.program import CKKSProgram
 
 
 def _images(n: int, seed: int = 0) -> np.ndarray:

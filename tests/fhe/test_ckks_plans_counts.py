@@ -14,7 +14,7 @@ def plans():
 
 
 def test_lattigo_rotations_are_read_from_its_planned_counts(plans):
-    from polyfhe.fhe.backends.lattigo import planned_counts
+    from polyfhe.engines.lattigo.engine import planned_counts
 
     counts = planned_counts({"giant_rotations": 7, "baby_rotations": 12, "output_rotations": 2, "products": 3})
     assert plans.run_counts(counts, "lattigo") == {"planned_rotations": 21}

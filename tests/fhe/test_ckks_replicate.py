@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 import polyfhe
-from polyfhe.fhe.backends.lattigo_format import lower_program, run_container_plain
-from polyfhe.fhe.execute import pack_single, unpack_single
-from polyfhe.fhe.program import ProgramError, ProgramManifest
+from polyfhe.engines.lattigo.format import lower_program, run_container_plain
+from polyfhe.program.manifest import ProgramError, ProgramManifest
+from polyfhe.runtime.execute import pack_single, unpack_single
 
 
 class StemNet(nn.Module):
@@ -129,10 +129,10 @@ def test_a_patch_embedding_copies_no_pixel_twice():
 
 
 def test_the_circuit_pass_keeps_every_register_and_the_factored_circuit_is_packed_alike():
-    from polyfhe.export.ckks import to_onnx_model
-    from polyfhe.export.ckks.lower import factoring_sites, lower_onnx
-    from polyfhe.export.ckks.replicate import replicate_input
-    from polyfhe.export.ckks.spend import spend_levels
+    from polyfhe.exporters.ckks import to_onnx_model
+    from polyfhe.exporters.ckks.lower import factoring_sites, lower_onnx
+    from polyfhe.exporters.ckks.replicate import replicate_input
+    from polyfhe.exporters.ckks.spend import spend_levels
 
     model = _model()
     proto, _ = to_onnx_model(model, (1, 16, 16))

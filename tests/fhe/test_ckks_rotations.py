@@ -8,10 +8,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from polyfhe.export.ckks.affine import LoweringError
-from polyfhe.export.ckks.plan import select_galois_steps
-from polyfhe.fhe.rotations import KeyChain, _greedy_keys, choose_key_steps, power_of_two_steps
-from polyfhe.fhe.seal_backend import naf_terms
+from polyfhe.engines.seal.ops import naf_terms
+from polyfhe.exporters.ckks.affine import LoweringError
+from polyfhe.exporters.ckks.plan import select_galois_steps
+from polyfhe.runtime.rotations import KeyChain, _greedy_keys, choose_key_steps, power_of_two_steps
 
 
 def _brute_force(keys: list[int], slots: int) -> dict[int, int]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from ckks_testlib import digits, digits_mlp
 
-from polyfhe.export.ckks import export_ckks
+from polyfhe.exporters.ckks import export_ckks
 
 pytestmark = pytest.mark.fhe
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from polyfhe.cli import main
-from polyfhe.fhe.program import load_program
+from polyfhe.runtime.program import load_program
 
 pytestmark = pytest.mark.fhe
 
@@ -55,7 +55,7 @@ def _export(files, out, *flags: str) -> int:
 
 
 def test_export_flags_reach_export_ckks(files, tmp_path, monkeypatch):
-    exporter = importlib.import_module("polyfhe.export.ckks")  # the function polyfhe.export shadows the package
+    exporter = importlib.import_module("polyfhe.exporters.ckks")  # the function polyfhe.export shadows the package
     seen: dict = {}
     real = exporter.export_ckks
 
@@ -86,7 +86,7 @@ def test_export_modulus_chain_needs_allow_insecure_below_128_bits(files, tmp_pat
 
 
 def test_run_threads_flag_reaches_the_evaluator(files, monkeypatch, capsys):
-    from polyfhe.fhe import execute
+    from polyfhe.runtime import execute
 
     pools: list[int] = []
     real = execute.shared_pool

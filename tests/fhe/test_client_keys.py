@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from ckks_testlib import export_square_mlp
 
-from polyfhe.fhe.backends import BackendUnavailable, get_backend, restore_client
-from polyfhe.fhe.client import CKKSClient, KeyMismatchError
-from polyfhe.fhe.keydir import PUBLIC_FILE, RECORD_FILE, SECRET_FILE, KeyDir, KeyDirError
-from polyfhe.fhe.wire import WireError
+from polyfhe.engines.seal.client import CKKSClient
+from polyfhe.program.boundary import KeyMismatchError
+from polyfhe.program.engines import BackendUnavailable, get_backend, restore_client
+from polyfhe.program.keydir import PUBLIC_FILE, RECORD_FILE, SECRET_FILE, KeyDir, KeyDirError
+from polyfhe.program.wire import WireError
 
 pytestmark = pytest.mark.fhe
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from ckks_testlib import digits, digits_mlp, square_cnn
 
-from polyfhe.fhe import opcosts
-from polyfhe.fhe.costmodel import SEAL_PARALLEL_OPS, predict, thread_speedup
-from polyfhe.fhe.opcosts import KeyBytesModel, OpCosts, OpSite, Probe, fit_costs, machine_fingerprint
-from polyfhe.fhe.params import CKKSParams
-from polyfhe.fhe.workload import Workload, program_workload, trace_model
+from polyfhe.cost import opcosts
+from polyfhe.cost.model import SEAL_PARALLEL_OPS, predict, thread_speedup
+from polyfhe.cost.opcosts import KeyBytesModel, OpCosts, OpSite, Probe, fit_costs, machine_fingerprint
+from polyfhe.cost.workload import Workload, program_workload, trace_model
+from polyfhe.program.params import CKKSParams
 
 TRUE = {"rotation": (0.0, 2.0, 0.7), "plain_product": (0.0, 0.3, 0.0), "ct_product": (0.0, 3.0, 0.9),
         "add": (0.0, 0.1, 0.0), "transform": (700.0, 0.0, 1.0)}
@@ -167,7 +167,7 @@ def models():
 
 @pytest.fixture(scope="module")
 def seal_programs(models):
-    from polyfhe.export.ckks import export_ckks
+    from polyfhe.exporters.ckks import export_ckks
 
     x = digits()[0][:64].reshape(-1, 1, 8, 8)
     return [export_ckks(m, calibration=x, input_shape=(1, 8, 8)) for m in models]
@@ -189,7 +189,7 @@ def test_seal_tally_equals_plan_counters(seal_programs):
 
 
 def test_seal_batch_tally_equals_plan_counters(models):
-    from polyfhe.export.ckks import export_ckks
+    from polyfhe.exporters.ckks import export_ckks
 
     x = digits()[0][:64].reshape(-1, 1, 8, 8)
     prog = export_ckks(models[0], calibration=x, input_shape=(1, 8, 8), layout="batch")
@@ -201,7 +201,7 @@ def test_seal_batch_tally_equals_plan_counters(models):
 
 def test_lattigo_tally_equals_its_lowering(models):
     pytest.importorskip("orion_evaluator")
-    from polyfhe.export.ckks import export_ckks
+    from polyfhe.exporters.ckks import export_ckks
 
     x = digits()[0][:64].reshape(-1, 1, 8, 8)
     prog = export_ckks(models[1], calibration=x, input_shape=(1, 8, 8), backend="lattigo")
@@ -292,7 +292,7 @@ def test_cli_unknown_model(seeded_cache, capsys):
 
 
 def test_estimated_workload_grows_with_the_input(seeded_cache):
-    from polyfhe.fhe.costmodel_models import model_cost
+    from polyfhe.cost.zoo_models import model_cost
 
     small = model_cost("cpolynext_fhe_bn", 8, "seal", method="estimated", machine_bytes=None)
     large = model_cost("cpolynext_fhe_bn", 64, "seal", method="estimated", machine_bytes=None)
@@ -305,7 +305,7 @@ def test_estimated_workload_grows_with_the_input(seeded_cache):
 # bootstrapping and Lattigo's load-time encodes
 # ------------------------------------------------------------------------------------------------------------
 def test_bootstrap_price_grows_with_slots_and_fits_its_measurements():
-    from polyfhe.fhe.costmodel import BOOTSTRAP_MEASUREMENTS, bootstrap_key_switches, bootstrap_seconds
+    from polyfhe.cost.model import BOOTSTRAP_MEASUREMENTS, bootstrap_key_switches, bootstrap_seconds
 
     switches = [bootstrap_key_switches(s) for s in range(8, 16)]
     assert all(a <= b for a, b in itertools.pairwise(switches))

@@ -27,9 +27,9 @@ import torch
 
 import polyfhe
 from polyfhe.data.sources import load_dataset
-from polyfhe.export.ckks import CKKSExportError, export_ckks
-from polyfhe.fhe.bootparams import BOOTSTRAP_RING, BootstrapSpec, check_bootstrap_security
-from polyfhe.fhe.params import CKKSParams
+from polyfhe.exporters.ckks import CKKSExportError, export_ckks
+from polyfhe.program.bootparams import BOOTSTRAP_RING, BootstrapSpec, check_bootstrap_security
+from polyfhe.program.params import CKKSParams
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import polyfhe
-from polyfhe.fhe import execute as ex
+from polyfhe.runtime import execute as ex
 
 
 class _TwoBranches(nn.Module):

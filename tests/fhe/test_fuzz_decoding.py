@@ -1,7 +1,7 @@
 """Fuzzing what a server decodes from a client: wire containers, public contexts, ciphertexts (hypothesis).
 
 The property, for mutated valid inputs and for crafted bombs alike: the input either works, or it is refused
-with :class:`~polyfhe.fhe.wire.WireError` or :class:`~polyfhe.fhe.seal_backend.SerializationError` (both
+with :class:`~polyfhe.program.wire.WireError` or :class:`~polyfhe.engines.seal.context.SerializationError` (both
 ``ValueError``) and a message. Never another exception, never a crash, and never a peak RSS more than
 ``RSS_BOUND`` above what the process held before (SEAL allocates natively, so RSS rather than tracemalloc: the
 high-water mark is reset through ``/proc/self/clear_refs`` before each input and read from
@@ -36,9 +36,9 @@ from ckks_testlib import export_square_mlp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polyfhe.fhe.client import galois_element
-from polyfhe.fhe.seal_backend import SerializationError
-from polyfhe.fhe.wire import (
+from polyfhe.engines.seal.context import SerializationError
+from polyfhe.program.boundary import galois_element
+from polyfhe.program.wire import (
     ALLOWED_SECTIONS,
     KIND_CIPHERTEXT,
     KIND_CONTEXT,

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from polyfhe.cli import main
-from polyfhe.fhe.params import CKKSParams, InsecureParametersError, require_secure
-from polyfhe.fhe.program import load_program
+from polyfhe.program.params import CKKSParams, InsecureParametersError, require_secure
+from polyfhe.runtime.program import load_program
 
 pytestmark = pytest.mark.fhe
 

@@ -1,5 +1,5 @@
-"""Keys checked in full, not sampled: the residue scan over every SEAL key and ciphertext (polyfhe.fhe.sealbytes),
-Lattigo's keys (polyfhe.fhe.backends.lattigo_bytes), the bootstrapping-key child's pipes and the Concrete
+"""Keys checked in full, not sampled: the residue scan over every SEAL key and ciphertext (polyfhe.engines.seal.sealbytes),
+Lattigo's keys (polyfhe.engines.lattigo.keybytes), the bootstrapping-key child's pipes and the Concrete
 workers' memory limit and size checks.
 
 Attack bytes: a key set whose random parts are zero past their first 64 bytes (what the earlier check read),
@@ -19,10 +19,10 @@ import pytest
 import seal_bombs as sb
 from ckks_testlib import digits_program
 
-from polyfhe.fhe.client import galois_element
-from polyfhe.fhe.seal_backend import SealContext
-from polyfhe.fhe.sealbytes import MAX_MODULUS, SerializationError, scan_polynomial
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
+from polyfhe.engines.seal.context import SealContext
+from polyfhe.engines.seal.sealbytes import MAX_MODULUS, SerializationError, scan_polynomial
+from polyfhe.program.boundary import galois_element
+from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
 
 pytestmark = pytest.mark.fhe
 
@@ -171,9 +171,9 @@ def _fd_with(data: bytes, pad: int = 3) -> int:
 
 @pytest.mark.parametrize("source", ["fd", "bytes"])
 def test_the_scan_reads_files_and_buffers_in_chunks(source, monkeypatch):
-    from polyfhe.fhe import sealbytes
+    from polyfhe.program import rns_scan
 
-    monkeypatch.setattr(sealbytes, "SCAN_BYTES", 16 * 8)  # one row at a time: the chunked path
+    monkeypatch.setattr(rns_scan, "SCAN_BYTES", 16 * 8)  # one row at a time: the chunked path
     rng = np.random.default_rng(1)
     poly = _poly(rng)
     for row, col, value, reason in ((2, 15, 257, "residue 15 modulo prime 2 .q=257. is 257"),
@@ -243,7 +243,7 @@ LQ, LP = (1_152_921_504_606_830_593, 1_099_511_480_321, 1_099_511_799_809), (1_1
 
 
 def _key_set(rng, n: int, elements) -> bytes:
-    from polyfhe.fhe.backends.lattigo_format import evaluation_key_set
+    from polyfhe.engines.lattigo.format import evaluation_key_set
 
     galois = {e: struct.pack("<QQ", e, 2 * n) + _lattigo_key(rng, n, LQ, LP) for e in elements}
     return b"".join(evaluation_key_set(_lattigo_key(rng, n, LQ, LP), galois))
@@ -256,7 +256,7 @@ def _poke(data: bytes, offset: int, values: bytes) -> bytes:
 
 
 def test_lattigo_evaluation_keys_are_scanned():
-    from polyfhe.fhe.backends.lattigo_bytes import KeyShape, check_evaluation_keys
+    from polyfhe.engines.lattigo.keybytes import KeyShape, check_evaluation_keys
 
     rng = np.random.default_rng(3)
     n, elements = 16, {5, 25}
@@ -297,7 +297,7 @@ def _boot_keys(rng, n: int, galois_elements) -> bytes:
 
 
 def test_lattigo_bootstrapping_keys_are_walked_against_their_shape():
-    from polyfhe.fhe.backends.lattigo_bytes import BootKeyShape, check_bootstrap_keys
+    from polyfhe.engines.lattigo.keybytes import BootKeyShape, check_bootstrap_keys
 
     rng = np.random.default_rng(4)
     n, elements = 16, (5, 25, 31)
@@ -331,7 +331,7 @@ def test_lattigo_bootstrapping_keys_are_walked_against_their_shape():
 
 
 def test_lattigo_ciphertexts_are_scanned():
-    from polyfhe.fhe.backends.lattigo_bytes import METADATA_BYTES, check_ciphertext
+    from polyfhe.engines.lattigo.keybytes import METADATA_BYTES, check_ciphertext
 
     rng = np.random.default_rng(5)
     n = 16
@@ -383,7 +383,7 @@ def _in_thread(fn, timeout: float = 60.0):
 
 
 def test_a_child_that_floods_stderr_before_its_keys_does_not_deadlock():
-    from polyfhe.fhe.backends.lattigo_bootkeys import generate_in_child
+    from polyfhe.engines.lattigo.bootkeys import generate_in_child
 
     box = _in_thread(lambda: generate_in_child({}, {}, b"secret", 1, 1 << 20,
                                                command=[sys.executable, "-c", _NOISY_CHILD]))
@@ -391,7 +391,7 @@ def test_a_child_that_floods_stderr_before_its_keys_does_not_deadlock():
 
 
 def test_a_failing_child_reports_its_last_words():
-    from polyfhe.fhe.backends.lattigo_bootkeys import generate_in_child
+    from polyfhe.engines.lattigo.bootkeys import generate_in_child
 
     box = _in_thread(lambda: generate_in_child({}, {}, b"secret", 1, 1 << 20,
                                                command=[sys.executable, "-c", _NOISY_CHILD, "fail"]))
@@ -408,7 +408,7 @@ class _ThisPython:
 
 
 def test_a_worker_runs_under_its_address_space_limit():
-    from polyfhe.concrete.worker import DEFAULT_ADDRESS_SPACE_BYTES, Worker
+    from polyfhe.engines.concrete.worker import DEFAULT_ADDRESS_SPACE_BYTES, Worker
 
     worker = Worker("server", env=_ThisPython(), address_space_bytes=3 << 30)
     try:
@@ -424,7 +424,7 @@ def test_a_worker_runs_under_its_address_space_limit():
 def test_the_limit_stops_an_allocation_past_it():
     import subprocess
 
-    from polyfhe.concrete.worker import WORKER_SCRIPT
+    from polyfhe.engines.concrete.worker import WORKER_SCRIPT
 
     script = textwrap.dedent(f"""
         import sys
@@ -444,7 +444,7 @@ def test_the_limit_stops_an_allocation_past_it():
 
 
 def test_blobs_over_their_limit_are_refused_before_they_are_sent():
-    from polyfhe.concrete.worker import PARSE_LIMITS, ConcreteInputTooLarge, Worker, check_blob_sizes
+    from polyfhe.engines.concrete.worker import PARSE_LIMITS, ConcreteInputTooLarge, Worker, check_blob_sizes
 
     keys_limit = PARSE_LIMITS["server_keys"][0][0]
     check_blob_sizes("server_keys", [b"k" * 1000])

@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from polyfhe.fhe.backends.lattigo_bootshape import bootstrap_galois_elements, bootstrap_key_shape
-from polyfhe.fhe.bootparams import BootstrapSpec
-from polyfhe.fhe.params import CKKSParams
-from polyfhe.fhe.wire import WireError
+from polyfhe.engines.lattigo.bootshape import bootstrap_galois_elements, bootstrap_key_shape
+from polyfhe.program.bootparams import BootstrapSpec
+from polyfhe.program.params import CKKSParams
+from polyfhe.program.wire import WireError
 
 pytestmark = pytest.mark.fhe
 LATTIGO = importlib.util.find_spec("lattigo") is not None
@@ -53,8 +53,8 @@ def test_galois_elements_match_those_the_wheel_generated():
 def _keys(params: CKKSParams, spec: BootstrapSpec) -> bytes:
     from lattigo import ckks, rlwe
 
-    from polyfhe.fhe.backends.lattigo_bootkeys import generate_in_child
-    from polyfhe.fhe.backends.lattigo_format import lattigo_params, secret_weight
+    from polyfhe.engines.lattigo.bootkeys import generate_in_child
+    from polyfhe.engines.lattigo.format import lattigo_params, secret_weight
 
     lp = lattigo_params(params, spec.to_dict())
     p = ckks.Parameters.from_dict(lp)
@@ -70,8 +70,8 @@ def _keys(params: CKKSParams, spec: BootstrapSpec) -> bytes:
 
 
 def _shape(params: CKKSParams, spec: BootstrapSpec):
-    from polyfhe.fhe.backends.lattigo import lattigo_primes
-    from polyfhe.fhe.backends.lattigo_bootshape import expected_bootstrap_keys
+    from polyfhe.engines.lattigo.bootshape import expected_bootstrap_keys
+    from polyfhe.engines.lattigo.engine import lattigo_primes
 
     return expected_bootstrap_keys(params, spec.to_dict(), lattigo_primes(params, spec.to_dict())[0])
 
@@ -85,7 +85,7 @@ def small_keys():
 @needs_lattigo
 @pytest.mark.parametrize("case", list(CASES))
 def test_real_bootstrapping_keys_match_the_computed_shape_exactly(case, small_keys):
-    from polyfhe.fhe.backends.lattigo_bytes import BOOT_KEY_NAMES, check_bootstrap_keys
+    from polyfhe.engines.lattigo.keybytes import BOOT_KEY_NAMES, check_bootstrap_keys
 
     params, spec = CASES[case]
     data, shape = small_keys if case == "4096-s3" else (_keys(params, spec), _shape(params, spec))
@@ -109,7 +109,7 @@ def test_real_bootstrapping_keys_match_the_computed_shape_exactly(case, small_ke
 
 def _galois_layout(data: bytes) -> tuple[int, int, int]:
     """(offset of the Galois key count, offset of the first entry, bytes per entry) of a real key set."""
-    from polyfhe.fhe.backends.lattigo_bytes import KeyShape, check_bootstrap_keys
+    from polyfhe.engines.lattigo.keybytes import KeyShape, check_bootstrap_keys
 
     found = check_bootstrap_keys(data)
     size = {name: KeyShape(s.n, s.q, s.p, 2 * s.n).key_bytes for name, s in found}
@@ -139,7 +139,7 @@ def _renamed(entry: bytes, element: int) -> bytes:
 
 @needs_lattigo
 def test_a_missing_extra_or_replaced_galois_key_is_refused_naming_the_element(small_keys):
-    from polyfhe.fhe.backends.lattigo_bytes import check_bootstrap_keys
+    from polyfhe.engines.lattigo.keybytes import check_bootstrap_keys
 
     data, shape = small_keys
     head, entries = _entries(data)
@@ -164,9 +164,9 @@ def test_a_missing_extra_or_replaced_galois_key_is_refused_naming_the_element(sm
 
 @needs_lattigo
 def test_keys_for_other_parameters_are_refused_naming_expected_and_found(small_keys):
-    from polyfhe.fhe.backends.lattigo_bootshape import bootstrap_key_shape
-    from polyfhe.fhe.backends.lattigo_bytes import check_bootstrap_keys
-    from polyfhe.fhe.backends.lattigo_format import lattigo_params
+    from polyfhe.engines.lattigo.bootshape import bootstrap_key_shape
+    from polyfhe.engines.lattigo.format import lattigo_params
+    from polyfhe.engines.lattigo.keybytes import check_bootstrap_keys
 
     data, _ = small_keys  # made for 6 special primes, 2^3 slots, on the residual ring itself
     params, spec = CASES["4096-s3"]
@@ -188,8 +188,8 @@ def test_keys_for_other_parameters_are_refused_naming_expected_and_found(small_k
 def test_the_check_costs_little(small_keys):
     """The shape is computed in well under a second (N=2^16 included) and the shaped walk costs no more than the
     structural walk and residue scan the server already did."""
-    from polyfhe.fhe.backends.lattigo_bootshape import bootstrap_galois_elements as elements
-    from polyfhe.fhe.backends.lattigo_bytes import check_bootstrap_keys
+    from polyfhe.engines.lattigo.bootshape import bootstrap_galois_elements as elements
+    from polyfhe.engines.lattigo.keybytes import check_bootstrap_keys
 
     data, _ = small_keys
     params, spec = CASES["4096-s3"]
@@ -226,9 +226,9 @@ def test_the_server_walks_the_upload_against_the_computed_shape():
     from ckks_testlib import Square, digits
     from torch import nn
 
-    from polyfhe.export.ckks import export_ckks
-    from polyfhe.fhe.backends.lattigo_bootshape import bootstrap_galois_elements
-    from polyfhe.fhe.wire import KIND_CONTEXT, pack, unpack
+    from polyfhe.engines.lattigo.bootshape import bootstrap_galois_elements
+    from polyfhe.exporters.ckks import export_ckks
+    from polyfhe.program.wire import KIND_CONTEXT, pack, unpack
 
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), Square(), nn.Linear(16, 16), Square(), nn.Linear(16, 10))
     x = digits()[0][:32]

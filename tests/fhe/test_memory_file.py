@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from polyfhe.fhe import seal_backend
+from polyfhe.engines.seal import context as seal_backend
 
 
 def test_linux_memory_file_has_no_directory_entry():
@@ -41,7 +41,7 @@ def test_fallback_file_is_private_and_removed(monkeypatch, tmp_path):
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX modes")
 def test_secret_key_round_trips_through_the_fallback(monkeypatch, tmp_path):
     """SEAL saves and loads a secret key by path through the fallback file, and leaves nothing behind."""
-    from polyfhe.fhe.params import CKKSParams
+    from polyfhe.program.params import CKKSParams
 
     seal = seal_backend.SealContext(CKKSParams(2048, (60, 60, 60), 30, security="none"))
     secret = seal.sa.KeyGenerator(seal.context).secret_key()

@@ -15,9 +15,9 @@ from torch import nn
 
 import polyfhe
 from polyfhe.cli import main
-from polyfhe.fhe.plaintexts import PlaintextKey, PlaintextStore, plaintext_cost, store_with_budget
-from polyfhe.fhe.program import CKKSProgram
-from polyfhe.fhe.seal_backend import naf_terms, rotation_key_switches
+from polyfhe.engines.seal.ops import naf_terms, rotation_key_switches
+from polyfhe.runtime.plaintexts import PlaintextKey, PlaintextStore, plaintext_cost, store_with_budget
+from polyfhe.runtime.program import CKKSProgram
 
 
 @dataclasses.dataclass
@@ -73,7 +73,7 @@ def test_stops_growing_when_the_machine_runs_short_of_memory_not_only_at_its_bud
     for name in "abc":
         put(Fake(name, 2))
     assert all(k in store for k in "abc") and free["bytes"] == 700  # 300 bytes taken, the reserve reached
-    with caplog.at_level("WARNING", logger="polyfhe.fhe.plaintexts"):
+    with caplog.at_level("WARNING", logger="polyfhe.runtime.plaintexts"):
         assert put(Fake("d", 2)).name == "d"  # used, not kept: memory, not the 10,000-byte budget, is short
         put(Fake("e", 2))
     assert "d" not in store and "e" not in store and store.stats().rejected == 2
@@ -179,7 +179,7 @@ def test_a_failed_encode_is_not_cached_and_is_tried_again():
 
 
 def test_a_program_keeps_one_store_for_its_servers_and_budgets_apply_to_it():
-    from polyfhe.fhe.program import CKKSProgram
+    from polyfhe.runtime.program import CKKSProgram
 
     prog = CKKSProgram(manifest=None, arrays={})
     first = prog.shared.plaintexts
@@ -312,8 +312,8 @@ def test_concurrent_runs_of_one_program_encode_each_plaintext_once(tiny, monkeyp
 @pytest.mark.fhe
 def test_rotations_composed_from_power_of_two_keys_cost_more_key_switches(tiny):
     """Galois keys for +-2^i only (what a small ``galois_key_budget`` falls back to): SEAL composes the rest."""
-    from polyfhe.export.ckks.counters import plan_counters
-    from polyfhe.fhe.rotations import power_of_two_steps
+    from polyfhe.exporters.ckks.counters import plan_counters
+    from polyfhe.runtime.rotations import power_of_two_steps
 
     x, program = tiny
     lanes = program.manifest.samples_per_ciphertext

@@ -1,4 +1,4 @@
-"""Plaintexts encoded before the first query (``polyfhe/fhe/prewarm.py``): the first query then encodes nothing."""
+"""Plaintexts encoded before the first query (``polyfhe/engines/seal/prewarm.py``): the first query then encodes nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import polyfhe
-from polyfhe.fhe.prewarm import warm_plaintexts
+from polyfhe.engines.seal.prewarm import warm_plaintexts
 
 
 class _Square(nn.Module):

@@ -1,4 +1,4 @@
-"""Bounded decoding of SEAL objects (polyfhe.fhe.sealbytes): exact sizes, bombs refused before they inflate,
+"""Bounded decoding of SEAL objects (polyfhe.engines.seal.sealbytes): exact sizes, bombs refused before they inflate,
 the Galois key set exactly the program's, and ciphertexts with bad scales, levels or no randomness refused."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import pytest
 import zstandard
 from ckks_testlib import digits_program
 
-from polyfhe.fhe.client import galois_element
-from polyfhe.fhe.sealbytes import (
+from polyfhe.engines.seal.sealbytes import (
     CT_MEMBERS,
     DYNARRAY_PREFIX,
     HEADER,
@@ -23,7 +22,8 @@ from polyfhe.fhe.sealbytes import (
     expected_bytes,
     inflate_into,
 )
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
+from polyfhe.program.boundary import galois_element
+from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
 
 pytestmark = pytest.mark.fhe
 

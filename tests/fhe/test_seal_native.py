@@ -18,15 +18,12 @@ import torch
 from torch import nn
 
 import polyfhe
-from polyfhe.fhe import seal_native
-from polyfhe.fhe.params import CKKSParams
-from polyfhe.fhe.plaintexts import PlaintextKey
-from polyfhe.fhe.program import CKKSProgram
-from polyfhe.fhe.seal_backend import SealContext, SealOps
-from polyfhe.fhe.seal_native import (
+from polyfhe.engines.seal import native as seal_native
+from polyfhe.engines.seal.context import SealContext
+from polyfhe.engines.seal.errors import SealCallError
+from polyfhe.engines.seal.native import (
     CT_DATA_OFFSET,
     NATIVE_ENV,
-    SealCallError,
     _kernels,
     _largest_residues,
     _library,
@@ -38,6 +35,10 @@ from polyfhe.fhe.seal_native import (
     residues,
     self_test,
 )
+from polyfhe.engines.seal.ops import SealOps
+from polyfhe.program.params import CKKSParams
+from polyfhe.runtime.plaintexts import PlaintextKey
+from polyfhe.runtime.program import CKKSProgram
 
 pytestmark = pytest.mark.fhe
 
@@ -118,7 +119,7 @@ def test_what_seal_would_refuse_is_left_to_the_bindings(ring):
 
 def test_the_dot_kernel_is_built_and_passes_its_self_test():
     """The install builds ``_kernels.c`` (scripts/setup.sh); a build without it would silently lose the kernel."""
-    assert dot_available(), "polyfhe/fhe/_kernels.c was not built: pip install -e . where a C compiler is present"
+    assert dot_available(), "polyfhe/engines/seal/_kernels.c was not built: pip install -e . where a C compiler is present"
     assert dot_self_test(_library(), _kernels()) is None
 
 
@@ -236,13 +237,13 @@ def test_a_server_computes_the_same_bytes_with_and_without_native_kernels():
 
 def test_the_environment_switch_turns_the_native_path_off():
     code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout);"
-            "from polyfhe.fhe.seal_native import _library; print('library', _library())")
+            "from polyfhe.engines.seal.native import _library; print('library', _library())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, NATIVE_ENV: "0"}).stdout
     assert "library None" in out and f"{NATIVE_ENV}=0" in out
 
 
-# ---- SEAL's refusals: caught by the shim (polyfhe/fhe/_seal_shim.cpp), never an abort -------------------------------
+# ---- SEAL's refusals: caught by the shim (polyfhe/engines/seal/_seal_shim.cpp), never an abort -------------------------------
 
 SMALL = CKKSParams(4096, (40, 30, 40), 30, security="none")
 CT_SIZE_OFFSET = 40  # seal::Ciphertext: parms_id (32), is_ntt_form + padding (8), then its size
@@ -285,7 +286,7 @@ def test_a_rotation_seal_refuses_raises_instead_of_aborting(forged, caplog):
     assert native is not None
     before = seal.dump(ct)
     for target in (ct, genuine):
-        with caplog.at_level(logging.WARNING, logger="polyfhe.fhe.seal_native"), \
+        with caplog.at_level(logging.WARNING, logger="polyfhe.engines.seal.native"), \
                 pytest.raises(SealCallError, match="rotation by 1: result ciphertext is transparent") as info:
             native.rotate(target, 1, galois, has_key=True)
         assert info.value.operation == "rotation by 1" and "transparent" in info.value.reason
@@ -306,9 +307,11 @@ def test_both_paths_raise_the_same_error_where_seal_refuses_a_rotation(forged):
 
 ATTACK = textwrap.dedent("""
     import numpy as np
-    from polyfhe.fhe.params import CKKSParams
-    from polyfhe.fhe.seal_backend import SealContext, SealOps
-    from polyfhe.fhe.seal_native import CT_DATA_OFFSET, SealCallError, residues
+    from polyfhe.program.params import CKKSParams
+    from polyfhe.engines.seal.context import SealContext
+    from polyfhe.engines.seal.ops import SealOps
+    from polyfhe.engines.seal.native import CT_DATA_OFFSET, residues
+    from polyfhe.engines.seal.errors import SealCallError
 
     seal = SealContext(CKKSParams(4096, (40, 30, 40), 30, security="none"))
     sa, n = seal.sa, 4096
@@ -395,7 +398,7 @@ def test_the_bindings_refusals_are_seal_call_errors_too(forged):
 
 
 def test_memory_errors_pass_through_unwrapped():
-    from polyfhe.fhe.seal_backend import _bound
+    from polyfhe.engines.seal.context import _bound
 
     def exhausted():
         raise MemoryError("std::bad_alloc")
@@ -408,7 +411,7 @@ def test_the_shim_shares_seals_libstdcxx():
     """The catch of std::exception matches SEAL's throws only with one libstdc++: both link the shared one."""
     import _sealapi_cpp
 
-    from polyfhe.fhe import _seal_shim
+    from polyfhe.engines.seal import _seal_shim
 
     if shutil.which("ldd") is None:
         pytest.skip("no ldd")
@@ -423,12 +426,12 @@ def test_the_shim_shares_seals_libstdcxx():
 
 def test_without_the_shim_seal_is_never_called_natively(monkeypatch, caplog):
     def absent():
-        raise ImportError("No module named 'polyfhe.fhe._seal_shim'")
+        raise ImportError("No module named 'polyfhe.engines.seal._seal_shim'")
 
     monkeypatch.setattr(seal_native, "_STATE", {})
     monkeypatch.setattr(seal_native, "_open_shim", absent)
     monkeypatch.setenv(NATIVE_ENV, "1")
-    with caplog.at_level(logging.INFO, logger="polyfhe.fhe.seal_native"):
+    with caplog.at_level(logging.INFO, logger="polyfhe.engines.seal.native"):
         assert _library() is None
         assert native_kernels(SealContext(SMALL)) is None
     assert any("_seal_shim" in r.getMessage() for r in caplog.records)
@@ -445,7 +448,7 @@ def test_a_self_test_that_fails_is_remembered_not_retried(monkeypatch, caplog):
     monkeypatch.setattr(seal_native, "self_test", broken)
     monkeypatch.setenv(NATIVE_ENV, "1")
     seal = SealContext(SMALL)
-    with caplog.at_level(logging.INFO, logger="polyfhe.fhe.seal_native"):
+    with caplog.at_level(logging.INFO, logger="polyfhe.engines.seal.native"):
         assert native_kernels(seal) is None
         assert SealOps(seal, None).native is None
         assert native_kernels(seal) is None and not seal_native.native_available()
@@ -465,7 +468,7 @@ def test_a_dot_self_test_that_fails_is_remembered_not_retried(monkeypatch, caplo
     monkeypatch.setattr(seal_native, "_STATE", {"library": library, "shim": shim})
     monkeypatch.setattr(seal_native, "dot_self_test", broken)
     seal = SealContext(SMALL)
-    with caplog.at_level(logging.INFO, logger="polyfhe.fhe.seal_native"):
+    with caplog.at_level(logging.INFO, logger="polyfhe.engines.seal.native"):
         first, second = native_kernels(seal), SealOps(seal, None).native
         assert not dot_available()
     assert len(calls) == 1

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import polyfhe
-from polyfhe.fold import FoldError, fold
-from polyfhe.fold.primitives import ConstantAffine, SpatialSum
+from polyfhe.folding import FoldError, fold
+from polyfhe.folding.primitives import ConstantAffine, SpatialSum
 
 ALLOWED_LEAVES = (nn.Linear, nn.Conv2d, ConstantAffine, SpatialSum, nn.Identity, nn.Flatten, nn.ModuleList)
 

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import polyfhe
-from polyfhe.fold import FoldError, fold
-from polyfhe.fold.primitives import ConstantAffine, SpatialSum
+from polyfhe.folding import FoldError, fold
+from polyfhe.folding.primitives import ConstantAffine, SpatialSum
 from polyfhe.models.layers.norms import ChannelBatchNorm, RunningRowSumNorm
 
 ALLOWED_LEAVES = (nn.Conv2d, nn.Linear, ConstantAffine, SpatialSum, nn.Identity)

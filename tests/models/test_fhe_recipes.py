@@ -12,7 +12,7 @@ import torch
 
 import polyfhe
 from polyfhe.calibration import profile_onnx_ranges, recompute_running_stats
-from polyfhe.export.onnx import export_onnx
+from polyfhe.exporters.onnx import export_onnx
 from polyfhe.models.layers.norms import ChannelBatchNorm, RunningRowSumNorm
 from polyfhe.models.layers.token_norms import TokenBatchNorm
 from polyfhe.zoo import count_parameters

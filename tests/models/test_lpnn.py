@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import polyfhe
-from polyfhe.export.onnx import export_onnx
-from polyfhe.fold.lpnn import FoldedLPNN, LadderAffines, fold_ladder_stack
+from polyfhe.exporters.onnx import export_onnx
+from polyfhe.folding.lpnn import FoldedLPNN, LadderAffines, fold_ladder_stack
 from polyfhe.models.lpnn import LPNNConfig, build_lpnn, lpnn_degree
 from polyfhe.zoo import count_parameters
 

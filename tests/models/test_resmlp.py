@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 import polyfhe
-from polyfhe.export.onnx import export_onnx
-from polyfhe.fold import fold
-from polyfhe.fold.resmlp import FoldedCrossPatch, TokenSum, fold_affine_into_cross_patch
+from polyfhe.exporters.onnx import export_onnx
+from polyfhe.folding import fold
+from polyfhe.folding.resmlp import FoldedCrossPatch, TokenSum, fold_affine_into_cross_patch
 from polyfhe.models.layers.affine import Affine
 from polyfhe.models.resmlp import ResMLPConfig
 from polyfhe.zoo import count_parameters

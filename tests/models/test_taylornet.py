@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import polyfhe
-from polyfhe.fold import fold
+from polyfhe.folding import fold
 from polyfhe.models.layers.affine import Affine
 from polyfhe.models.layers.taylor import (
     TaylorLayer,
@@ -237,7 +237,7 @@ def test_fold_is_exact_in_float64(name: str) -> None:
 
 
 def _analysis(model: nn.Module):
-    from polyfhe.export.onnx import export_onnx
+    from polyfhe.exporters.onnx import export_onnx
 
     with tempfile.TemporaryDirectory() as tmp:
         return export_onnx(_randomise(model, std=0.1), Path(tmp) / "m.onnx").analysis

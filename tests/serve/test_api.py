@@ -12,7 +12,7 @@ from PIL import Image
 from serve_testlib import OTHER, TINY
 
 from polyfhe.cli import main
-from polyfhe.fhe.client import InputError
+from polyfhe.program.boundary import InputError
 from polyfhe.serve.http_client import ServeClient, ServeError
 
 pytestmark = pytest.mark.fhe

@@ -14,7 +14,7 @@ import torch
 from serve_testlib import TINY, start_server
 from torch import nn
 
-from polyfhe.fhe.params import CKKSParams
+from polyfhe.program.params import CKKSParams
 from polyfhe.serve.http_client import ServeClient, ServeError
 
 pytestmark = pytest.mark.fhe

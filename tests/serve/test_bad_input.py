@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from serve_testlib import OTHER, TINY
 
-from polyfhe.fhe.params import fingerprint_params
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, pack, unpack
+from polyfhe.program.params import fingerprint_params
+from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, pack, unpack
 from polyfhe.serve.http_client import ServeClient
 
 pytestmark = pytest.mark.fhe

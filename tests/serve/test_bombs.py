@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 from serve_testlib import TINY, ServerProcess, start_server
 
-from polyfhe.fhe.client import galois_element
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, pack, unpack
+from polyfhe.program.boundary import galois_element
+from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, pack, unpack
 from polyfhe.serve.http_client import ServeClient
 
 pytestmark = pytest.mark.fhe

@@ -16,7 +16,7 @@ import pytest
 from serve_testlib import OTHER, TINY, start_server
 
 from polyfhe.cli import main
-from polyfhe.fhe.keydir import KeyDir
+from polyfhe.program.keydir import KeyDir
 
 pytestmark = pytest.mark.fhe
 

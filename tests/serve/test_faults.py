@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from serve_testlib import TINY, start_server
 
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, MAGIC, pack, unpack
+from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, MAGIC, pack, unpack
 from polyfhe.serve.http_client import ServeClient
 
 pytestmark = pytest.mark.fhe

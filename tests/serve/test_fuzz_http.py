@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from serve_testlib import TINY
 
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, unpack
+from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, unpack
 
 pytestmark = pytest.mark.fhe
 

@@ -31,7 +31,7 @@ def _error(response: httpx.Response) -> tuple[int, str]:
 
 def test_key_budget_gives_507_and_frees_on_delete(budget_server, programs, tiny_keys, samples):
     """The budget counts keys as they sit in memory (inflated), not the compressed upload."""
-    from polyfhe.fhe.backends import decoded_context_bytes
+    from polyfhe.program.engines import decoded_context_bytes
 
     keys, ctx = tiny_keys
     x, plain = samples

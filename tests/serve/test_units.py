@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from polyfhe.fhe.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, pack
+from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, pack
 from polyfhe.serve.config import ServeConfig
 from polyfhe.serve.errors import ApiError
 from polyfhe.serve.sessions import SessionStore

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from polyfhe.checkpoint import load_checkpoint
 from polyfhe.cli import main
+from polyfhe.training.checkpoint import load_checkpoint
 
 
 def test_demo_trains_folds_exports_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

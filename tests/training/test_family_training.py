@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import polyfhe
-from polyfhe.checkpoint import load_checkpoint
 from polyfhe.data.sources import ImageDataset, load_digits
 from polyfhe.training import train
+from polyfhe.training.checkpoint import load_checkpoint
 
 # Small instances for 8x8 digits: a few hundred steps in seconds on one thread.
 FAMILIES = {

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from polyfhe.checkpoint import load_checkpoint
 from polyfhe.data.sources import ImageDataset, load_digits
 from polyfhe.models.polynext import RampDropout
 from polyfhe.training import TrainingDiverged, train
 from polyfhe.training import loop as loop_module
+from polyfhe.training.checkpoint import load_checkpoint
 from polyfhe.training.data import Normalization, make_splits, to_device
 from polyfhe.training.loop import (
     LOSS_READ_EVERY,

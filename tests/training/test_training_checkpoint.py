@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from polyfhe.checkpoint import (
+from polyfhe.models.registry import create_model
+from polyfhe.training.checkpoint import (
     CheckpointError,
     CheckpointInfo,
     load_checkpoint,
     read_checkpoint_info,
     save_checkpoint,
 )
-from polyfhe.models.registry import create_model
 
 KWARGS = {"num_classes": 3, "img_size": 8, "in_chans": 1, "dims": (8,), "depths": (1,)}
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from polyfhe.checkpoint import CheckpointError, load_checkpoint
 from polyfhe.cli import main
 from polyfhe.data.sources import ImageDataset, load_digits
 from polyfhe.training import TrainingDiverged, TrainResult, train
 from polyfhe.training import loop as loop_module
+from polyfhe.training.checkpoint import CheckpointError, load_checkpoint
 from polyfhe.training.data import make_splits
 from polyfhe.training.loop import evaluate
 

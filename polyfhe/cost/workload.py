@@ -1,0 +1,495 @@
+"""What one evaluation of a program does and holds, as :class:`~polyfhe.cost.opcosts.OpSite` counts.
+
+Two ways to get it:
+
+* **compiled** (:func:`program_workload`): from a compiled program's steps, exactly as the engine runs them (SEAL:
+  the executor's BSGS schedule, whose rotation and product counts are the manifest's ``info.planned``; Lattigo:
+  the evaluator's container, hoisted baby steps apart from giant steps). Every site carries the primes of the
+  level it runs at. ``encode`` sites are the plaintexts a cold server encodes: SEAL on the first query, Lattigo
+  when it loads the model (each diagonal over its level's primes and the special prime).
+* **estimated** (:func:`traced_workload`): for models too large to compile here (the 224x224 ImageNet models need
+  more slots than one ciphertext has and gigabytes of sparse matrices to lower). The torch model runs once on
+  PyTorch's ``meta`` device (no weights allocated) and every weighted op, ct x ct product and residual sum is
+  recorded with its shapes. Each weighted op is costed as the diagonal method over as many ciphertexts as its
+  tensors need (plaintext products = its non-zero weights over the diagonal length, BSGS rotations
+  ``n_in (b - 1) + n_out (g - 1)``); levels follow the compiler's rule (linear ops between products merge into one
+  level). It is an estimate of a plan polyfhe does not build (multi-ciphertext packing); ``docs/cost-model.md``
+  compares it with compiled tallies.
+
+Both return a :class:`Workload`; :mod:`polyfhe.cost.model` turns it into seconds and bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from polyfhe.cost.opcosts import OpSite, Tally, merge
+from polyfhe.engines.seal.native import dot_available
+from polyfhe.program.params import CKKSParams
+from polyfhe.runtime.rotations import KeyChain
+
+__all__ = ["COMPILED_TALLIES", "TracedModel", "Workload", "data_primes", "program_workload", "trace_model",
+           "traced_workload"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One evaluation (one query): operation sites and counts, plus what memory depends on.
+
+    ``tally`` excludes bootstraps (``bootstraps`` of ``boot_spec``); ``encodes`` are the plaintexts a cold run
+    encodes (``plaintext_bytes`` all of them held at their levels); ``live_ciphertexts`` the most ciphertexts
+    (registers, rotated copies) held at once; ``samples`` the images one evaluation serves.
+    """
+
+    engine: str
+    source: str  # "compiled" or "estimated"
+    params: CKKSParams
+    tally: Tally
+    galois_keys: int
+    relin: bool
+    plaintexts: int
+    plaintext_bytes: int
+    live_ciphertexts: int
+    samples: int = 1
+    bootstraps: int = 0
+    boot_spec: dict | None = None
+    counters: dict = field(default_factory=dict)  # rotations, key switches, products, encodes (as info.planned)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def depth(self) -> int:
+        return self.params.levels
+
+
+def data_primes(params: CKKSParams, level: int) -> int:
+    """Primes of a ciphertext after ``level`` rescales (special prime excluded)."""
+    return len(params.coeff_mod_bits) - 1 - level
+
+
+def _ct_bytes(params: CKKSParams, primes: int) -> int:
+    return 2 * params.poly_modulus_degree * primes * 8
+
+
+# --------------------------------------------------------------------------------------------------------------
+# compiled programs: SEAL (polyfhe's executor)
+# --------------------------------------------------------------------------------------------------------------
+def _seal_single(program) -> tuple[Tally, dict, int]:
+    m = program.manifest
+    params, arrays = m.params, program.arrays
+    n, lanes = params.poly_modulus_degree, m.samples_per_ciphertext
+    slots = params.slots // lanes
+    chain = KeyChain([g // lanes for g in m.galois_steps], slots)  # rotations without a key: chains of keys
+    tally: Tally = {}
+    counters = dict.fromkeys(("rotations", "key_switches", "plain_products", "encodes_cold"), 0)
+    cached: set[tuple[int, int, int]] = set()
+    live, peak = {0}, 1
+    fused = dot_available()
+    last = {r: i for i, s in enumerate(m.steps) for r in s.reads()}
+
+    def add(site: OpSite, count: float = 1.0) -> None:
+        if count:
+            tally[site] = tally.get(site, 0.0) + count
+
+    def rotate(steps: list[int], primes: int) -> None:
+        for s in steps:
+            ks = chain.switches(s)
+            counters["rotations"] += 1
+            counters["key_switches"] += ks
+            add(OpSite("rotation", n, primes, primes), ks)
+            add(OpSite("add", n, primes))
+
+    for index, step in enumerate(m.steps):
+        if step.op == "mul":
+            p = data_primes(params, step.level - 1)
+            add(OpSite("ct_product", n, p, p))
+            add(OpSite("rescale", n, p))
+            counters["key_switches"] += 1
+        elif step.op == "linear":
+            attrs, target = step.attrs, step.level - 1
+            p = data_primes(params, target)
+            late = bool(attrs.get("rescale_giants", False))
+            baby, period = int(attrs["baby"]), int(attrs["period"])
+            babies, count = [], 0
+            for term in attrs["terms"]:
+                ks = arrays[term["ks"]]
+                count += len(ks)
+                for a in np.unique(ks % baby):
+                    key = (term["input"], int(a), target)
+                    if a and key not in cached:
+                        cached.add(key)
+                        babies.append(int(a))
+            ks_all = np.concatenate([arrays[t["ks"]] for t in attrs["terms"]])
+            giants = [int(g) for g in np.unique((ks_all // baby) * baby)]
+            doublings = [period << i for i in range(int(math.log2(int(attrs.get("space", slots)) // period)))]
+            rotate(babies, p)
+            rotate([g for g in giants if g], p - late)
+            rotate(doublings, p - late)
+            add(OpSite("plain_product", n, p), count)
+            # the dot kernel sums a giant step's products itself (its probe times them with their sum): then
+            # only the giant steps' partial sums are additions of their own
+            add(OpSite("add", n, p), len(giants) if fused else count)
+            add(OpSite("rescale", n, p), len(giants) if late else 1)
+            counters["plain_products"] += count
+            counters["encodes_cold"] += count + (1 if attrs.get("bias") else 0)
+            add(OpSite("encode", n, p), count + (1 if attrs.get("bias") else 0))
+            peak = max(peak, len(live) + len(babies) + 2)
+        elif step.op != "bootstrap":
+            raise ValueError(f"step {index} ({step.op}) has no SEAL single-layout tally")
+        live.add(step.out)
+        live -= {r for r in list(live) if last.get(r, -1) <= index and r != m.output}
+    return tally, counters, peak
+
+
+def _seal_batch(program) -> tuple[Tally, dict, int]:
+    m = program.manifest
+    params, arrays, n = m.params, program.arrays, m.params.poly_modulus_degree
+    tally: Tally = {}
+    counters = dict.fromkeys(("rotations", "key_switches", "plain_products", "encodes_cold"), 0)
+    peak = 0
+    sizes = {0: m.input_size}
+    for step in m.steps:
+        p = data_primes(params, step.level - 1)
+        sizes[step.out] = step.size
+        if step.op == "linear":
+            count = sum(len(arrays[t["data"]]) for t in step.attrs["terms"])
+            counters["plain_products"] += count
+            counters["encodes_cold"] += count
+            tally = merge(tally, {OpSite("encode", n, p): count, OpSite("plain_product", n, p): count,
+                                  OpSite("add", n, p): count, OpSite("rescale", n, p): step.size})
+        else:
+            a_shape = step.attrs.get("a_shape")
+            products = step.size * (int(a_shape[-1]) if step.op == "matmul" else 1)
+            counters["key_switches"] += step.size
+            tally = merge(tally, {OpSite("ct_product", n, p, p): products, OpSite("rescale", n, p): step.size})
+        peak = max(peak, sum(sizes[r] for r in step.reads()) + step.size)
+    return tally, counters, peak
+
+
+def _seal_workload(program) -> Workload:
+    m = program.manifest
+    tally, counters, live = (_seal_single if m.layout == "single" else _seal_batch)(program)
+    planned = m.info.get("planned", {})
+    return Workload("seal", "compiled", m.params, tally, galois_keys=len(m.galois_steps),
+                    relin=any(s.op in ("mul", "matmul") for s in m.steps), plaintexts=counters["encodes_cold"],
+                    plaintext_bytes=int(planned.get("plaintext_bytes", 0)), live_ciphertexts=live,
+                    samples=m.samples_per_ciphertext if m.layout == "single" else m.params.slots,
+                    counters=counters)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# compiled programs: Lattigo (the evaluator's container)
+# --------------------------------------------------------------------------------------------------------------
+def _lattigo_workload(program) -> Workload:
+    from polyfhe.cost.opbench import transform_tally
+    from polyfhe.engines.lattigo.format import (
+        bootstrap_spec,
+        bsgs_rotations,
+        lower_program,
+        parse_container,
+    )
+
+    m = program.manifest
+    params, n = m.params, m.params.poly_modulus_degree
+    header, blobs = parse_container(lower_program(program).data)
+    tally: Tally = {OpSite("io", n, params.levels + 1): 1.0}
+    plaintexts = plain_bytes = bootstraps = 0
+    counters = dict.fromkeys(("rotations", "key_switches", "plain_products", "encodes_cold"), 0)
+    consumers: dict[str, int] = {}
+    for edge in header["graph"]["edges"]:
+        consumers[edge["src"]] = consumers.get(edge["src"], 0) + 1
+    live, peak = 1, 1
+    for node in header["graph"]["nodes"]:
+        op, primes = node["op"], int(node["level"]) + 1
+        if op == "linear_transform":
+            raw = blobs[node["blob_refs"]["diag_0_0"]]
+            (count,) = struct.unpack_from("<I", raw)
+            ks = np.frombuffer(raw, "<i4", count, 4)
+            log_ratio = round(math.log2(float(node["config"]["bsgs_ratio"])))
+            giants, babies = bsgs_rotations([int(k) for k in ks], params.slots, log_ratio)
+            doublings = int(node["config"]["output_rotations"])
+            tally = merge(tally, transform_tally(n, primes, count, len(giants), len(babies)),
+                          {OpSite("rotation", n, primes - 1, primes - 1): doublings,
+                           OpSite("add", n, primes - 1): doublings + ("bias_0" in node["blob_refs"]),
+                           OpSite("encode", n, primes): float("bias_0" in node["blob_refs"])})
+            counters["rotations"] += len(giants) + len(babies) + doublings
+            counters["key_switches"] += len(giants) + len(babies) + doublings
+            counters["plain_products"] += count
+            held = count + ("bias_0" in node["blob_refs"])
+            plaintexts += held
+            plain_bytes += held * n * (primes + 1) * 8  # each at its level plus the special prime
+            peak = max(peak, live + len(babies) + 2)
+        elif op in ("quad", "mult"):
+            tally = merge(tally, {OpSite("ct_product", n, primes, primes): 1.0, OpSite("rescale", n, primes): 1.0})
+            counters["key_switches"] += 1
+        elif op == "add":
+            tally = merge(tally, {OpSite("add", n, primes): 1.0})
+        elif op == "bootstrap":
+            bootstraps += 1
+        live += 1 if consumers.get(node["name"]) else 0
+        peak = max(peak, live)
+    counters["encodes_cold"] = plaintexts
+    return Workload("lattigo", "compiled", params, tally, galois_keys=len(m.galois_steps),
+                    relin=any(s.op == "mul" for s in m.steps), plaintexts=plaintexts, plaintext_bytes=plain_bytes,
+                    live_ciphertexts=peak, samples=m.samples_per_ciphertext, bootstraps=bootstraps,
+                    boot_spec=bootstrap_spec(m), counters=counters)
+
+
+COMPILED_TALLIES: dict[str, Callable[..., Workload]] = {"seal": _seal_workload, "lattigo": _lattigo_workload}
+
+
+def program_workload(program) -> Workload:
+    """The workload of a compiled program on the engine its manifest names."""
+    engine = program.manifest.backend
+    if engine not in COMPILED_TALLIES:
+        raise ValueError(f"no workload tally for backend {engine!r}; known: {sorted(COMPILED_TALLIES)}")
+    return COMPILED_TALLIES[engine](program)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# estimated: a traced torch model
+# --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TracedOp:
+    """One recorded op: ``kind`` "linear" (weights), "product" (ct x ct, elementwise), "matmul" (ct x ct) or
+    "add" (a residual sum, a checkpoint the planner may read); sizes padded to the layout's power-of-two token
+    blocks; ``level`` in the compiler's merged levels; ``reads`` the registers it reads."""
+
+    kind: str
+    level: int
+    in_size: int
+    out_size: int
+    nonzeros: int = 0  # linear: non-zero weights of its matrix, padded tokens; matmul: multiply-adds
+    reads: tuple[int, ...] = ()
+    out: int = -1
+
+
+@dataclass(frozen=True)
+class TracedModel:
+    input_size: int
+    ops: tuple[TracedOp, ...]
+    depth: int
+    widest: int  # padded values of the widest tensor
+
+    def last_reads(self) -> dict[int, int]:
+        """Register -> the highest level any op reads it at."""
+        out: dict[int, int] = {}
+        for op in self.ops:
+            for r in op.reads:
+                out[r] = max(out.get(r, 0), op.level)
+        return out
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, x))))
+
+
+def _padded(shape) -> int:
+    """Values of a tensor in polyfhe's layout: channel-major, each channel's tokens padded to a power of two."""
+    dims = [int(d) for d in shape][1:]  # drop the batch
+    if not dims:
+        return 1
+    if len(dims) == 1:
+        return _pow2(dims[0])
+    return dims[0] * _pow2(int(np.prod(dims[1:])))
+
+
+class _Tracer:
+    """Taint tracking through torch functions: which tensors are encrypted, at what level, from which registers."""
+
+    LINEAR = frozenset({"conv1d", "conv2d", "conv3d", "linear", "conv_transpose2d"})
+    MATMUL = frozenset({"matmul", "mm", "bmm", "__matmul__", "einsum"})
+    MUL = frozenset({"mul", "__mul__", "__rmul__", "mul_", "__imul__", "multiply"})
+    POW = frozenset({"pow", "__pow__", "square"})
+    ADD = frozenset({"add", "__add__", "__radd__", "add_", "__iadd__", "sub", "__sub__", "__rsub__", "sum"})
+
+    def __init__(self) -> None:
+        self.ops: list[TracedOp] = []
+        self.registers = 0
+
+    @staticmethod
+    def info(t):
+        return getattr(t, "_polyfhe_trace", None)
+
+    def new_register(self) -> int:
+        self.registers += 1
+        return self.registers
+
+    def record(self, func, args, kwargs, out):
+        import torch
+
+        name = getattr(func, "__name__", "")
+        flat = [a for a in args if isinstance(a, torch.Tensor)]
+        flat += [a for a in args if isinstance(a, (list, tuple)) for a in a if isinstance(a, torch.Tensor)]
+        tainted = [a for a in flat if self.info(a) is not None]
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        outs = [o for o in outs if isinstance(o, torch.Tensor)]
+        if not tainted or not outs:
+            return
+        infos = [self.info(a) for a in tainted]
+        # (level of the registers, pending linear map?, registers read)
+        base = max(i[0] for i in infos)
+        pending = any(i[1] for i in infos)
+        regs = tuple(sorted({r for i in infos for r in i[2]}))
+        materialised = max(i[0] + i[1] for i in infos)
+        x, y = tainted[0], outs[0]
+        constant = next((a for a in flat if self.info(a) is None), None)
+        if name in self.LINEAR or (name in self.MATMUL and len(tainted) == 1 and constant is not None):
+            nnz = _linear_nonzeros(name, x, constant, y)
+            self.ops.append(TracedOp("linear", base + 1, _padded(x.shape), _padded(y.shape), nnz, regs))
+            state = (base, True, regs)
+        elif (name in self.MUL and len(tainted) == 2) or (name in self.POW and _int_exponent(args) >= 2):
+            times = max(1, math.ceil(math.log2(_int_exponent(args)))) if name in self.POW else 1
+            level = materialised + times
+            reg = self.new_register()
+            for k in range(times):
+                self.ops.append(TracedOp("product", materialised + k + 1, _padded(y.shape), _padded(y.shape), 0,
+                                         regs, reg))
+            state = (level, False, (reg,))
+        elif name in self.MATMUL and len(tainted) == 2:
+            reg = self.new_register()
+            macs = int(np.prod(y.shape)) * int(x.shape[-1])
+            self.ops.append(TracedOp("matmul", materialised + 1, _padded(x.shape) + _padded(tainted[1].shape),
+                                     _padded(y.shape), macs, regs, reg))
+            state = (materialised + 1, False, (reg,))
+        elif name in self.ADD and len(tainted) == 2:
+            reg = self.new_register()  # a residual sum: a checkpoint register the planner may read
+            self.ops.append(TracedOp("add", materialised, _padded(y.shape), _padded(y.shape), 0, regs, reg))
+            state = (base, pending, (reg,))
+        else:  # reshapes, scalar scales, BatchNorm, pooling, adds of constants: merged into the maps
+            state = (base, pending, regs)
+        for o in outs:
+            o._polyfhe_trace = state
+
+
+def _int_exponent(args) -> int:
+    if len(args) >= 2 and isinstance(args[1], (int, float)) and float(args[1]).is_integer():
+        return int(args[1])
+    return 2 if len(args) == 1 else 0
+
+
+def _linear_nonzeros(name: str, x, weight, y) -> int:
+    """Non-zero weights of a weighted op's matrix, with the output's tokens padded as the layout pads them."""
+    out_c = int(y.shape[1]) if y.dim() > 2 else int(y.shape[-1])
+    if weight is None:
+        return _padded(y.shape)
+    if name.startswith("conv"):
+        per_out = int(np.prod(weight.shape[1:]))  # input channels of its group x kernel taps
+        tokens = _pow2(int(np.prod(y.shape[2:])))
+        return out_c * tokens * per_out
+    k = int(x.shape[-1])  # linear / matmul by a constant: tokens x K x M
+    tokens = _pow2(int(np.prod(y.shape[:-1])) // max(1, int(y.shape[0])))
+    return tokens * k * int(y.shape[-1])
+
+
+def trace_model(model, input_shape: tuple[int, ...]) -> TracedModel:
+    """Run ``model`` once on the meta device and record what its encrypted evaluation would do."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    tracer = _Tracer()
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            tracer.record(func, args, kwargs or {}, out)
+            return out
+
+    device = next(model.parameters(), torch.empty(0, device="meta")).device
+    x = torch.empty((1, *input_shape), device=device)
+    x._polyfhe_trace = (0, False, (0,))
+    with torch.no_grad(), Mode():
+        y = model.eval()(x)
+    info = tracer.info(y)
+    depth = info[0] + info[1] if info else 0
+    ops = [op for op in tracer.ops]
+    widest = max([_padded(x.shape)] + [max(op.in_size if op.kind != "matmul" else 0, op.out_size) for op in ops])
+    return TracedModel(_padded(x.shape), tuple(ops), depth, widest)
+
+
+def _bsgs(products: int, n_in: int, n_out: int) -> tuple[int, int]:
+    """(baby, giant) rotations of a multi-ciphertext BSGS map: baby steps per input ciphertext, giant steps per
+    output ciphertext, ``b`` chosen to minimise ``n_in (b - 1) + n_out (g - 1)`` with ``b g = diagonals``."""
+    d = max(1, products // max(1, n_in * n_out))
+    b = min(d, max(1, round(math.sqrt(d * n_out / n_in))))
+    g = math.ceil(d / b)
+    return n_in * (b - 1), n_out * (g - 1)
+
+
+def traced_workload(traced: TracedModel, engine: str, params: CKKSParams, *, bootstrap_slots: int | None = None,
+                    samples: int = 1) -> Workload:
+    """The estimated workload of a traced model on ``params`` (a residual chain when ``bootstrap_slots`` is set:
+    the model's levels then wrap around it, a bootstrap wherever a register crosses a cut)."""
+    from polyfhe.cost.opbench import transform_tally
+    from polyfhe.program.bootparams import bootstraps_needed, default_spec
+
+    n, slots, top = params.poly_modulus_degree, params.slots, params.levels
+    scale = (top / max(1, traced.depth)) if bootstrap_slots is None else 1.0
+    tally: Tally = {}
+    keys: dict[tuple[int, int, int], int] = {}
+    counters = dict.fromkeys(("rotations", "key_switches", "plain_products", "encodes_cold"), 0)
+    plaintexts = plain_bytes = 0
+    segment = top - 1 if bootstrap_slots else top
+
+    def primes_at(level: int) -> int:
+        local = level if bootstrap_slots is None else (level - 1) % max(1, segment) + 1
+        return max(1, data_primes(params, min(top, max(1, round(local * scale))) - 1))
+
+    live = peak = 1
+    for op in traced.ops:
+        p = primes_at(op.level)
+        n_in, n_out = math.ceil(op.in_size / slots), math.ceil(op.out_size / slots)
+        if op.kind == "linear":
+            shortest = max(1, min(op.in_size, op.out_size, slots))
+            products = max(n_in, n_out, math.ceil(op.nonzeros / shortest))
+            babies, giants = _bsgs(products, n_in, n_out)
+            keys[(products // max(1, n_in * n_out), n_in, n_out)] = babies // n_in + giants // n_out
+            site = {"plain_product": products, "add": products, "rescale": n_out}
+            if engine == "lattigo":
+                tally = merge(tally, transform_tally(n, p, products, giants, babies), {OpSite("add", n, p): products})
+                tally[OpSite("transform", n, p, p)] = tally.get(OpSite("transform", n, p, p), 0) + max(n_in, n_out) - 1
+            else:
+                tally = merge(tally, {OpSite(k, n, p): v for k, v in site.items()},
+                              {OpSite("rotation", n, p, p): babies + giants, OpSite("encode", n, p): products})
+            counters["rotations"] += babies + giants
+            counters["key_switches"] += babies + giants
+            counters["plain_products"] += products
+            plaintexts += products
+            plain_bytes += products * n * (p + (engine == "lattigo")) * 8
+            peak = max(peak, live + n_in * 2 + n_out)
+        elif op.kind == "product":
+            tally = merge(tally, {OpSite("ct_product", n, p, p): n_out, OpSite("rescale", n, p): n_out})
+            counters["key_switches"] += n_out
+        elif op.kind == "matmul":  # ct x ct matmul: products and the rotations that sum them, per slot-full
+            count = max(n_out, math.ceil(op.nonzeros / slots))
+            tally = merge(tally, {OpSite("ct_product", n, p, p): count, OpSite("rotation", n, p, p): count,
+                                  OpSite("rescale", n, p): n_out})
+            counters["key_switches"] += 2 * count
+        if op.out >= 0:
+            live += n_out
+    # bootstraps: every register crossing a cut is refreshed, a ciphertext of up to bootstrap_slots at a time
+    bootstraps, notes = 0, ["estimated from a traced model: diagonal method over multiple ciphertexts"]
+    spec = None
+    if bootstrap_slots:
+        cuts = [segment * (i + 1) for i in range(bootstraps_needed(traced.depth, top))]
+        sizes = {0: traced.input_size, **{op.out: op.out_size for op in traced.ops if op.out >= 0}}
+        made = {0: 0, **{op.out: op.level for op in traced.ops if op.out >= 0}}
+        last = traced.last_reads()
+        for c in cuts:
+            bootstraps += sum(math.ceil(sizes[r] / bootstrap_slots) for r, lv in made.items()
+                              if lv <= c < last.get(r, -1))
+        spec = default_spec(params, bootstrap_slots).to_dict()
+        notes.append(f"{len(cuts)} cuts of a {top}-level residual chain")
+    galois = sum(keys.values())  # distinct steps: maps of one shape share theirs
+    counters["encodes_cold"] = plaintexts
+    return Workload(engine, "estimated", params, tally, galois_keys=galois,
+                    relin=any(op.kind in ("product", "matmul") for op in traced.ops), plaintexts=plaintexts,
+                    plaintext_bytes=plain_bytes, live_ciphertexts=peak, samples=samples, bootstraps=bootstraps,
+                    boot_spec=spec, counters=counters, notes=tuple(notes))

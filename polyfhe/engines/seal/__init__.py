@@ -1,0 +1,1 @@
+"""Microsoft SEAL through TenSEAL: client, server, native kernels, byte walkers."""

@@ -1,0 +1,200 @@
+"""SEAL's context: a thin, strict wrapper over TenSEAL's raw SEAL bindings (``tenseal.sealapi``).
+
+Scales are managed exactly: a plaintext product is encoded at ``q_last * scale / ct.scale`` so that after
+the rescale by ``q_last`` the ciphertext is back at exactly ``2^scale_bits``; ct x ct products drift by
+``scale / q`` (about 1e-7), which the next linear map absorbs. Plaintexts are cached per program because
+they depend only on the parameters, never on keys, so sessions of one program share them
+(:mod:`polyfhe.runtime.plaintexts`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+
+import numpy as np
+
+from polyfhe.engines.seal.errors import SealCallError, refused
+from polyfhe.engines.seal.sealbytes import (
+    HEADER,
+    SerializationError,
+    check_ciphertext,
+    check_kswitch,
+    check_secret_key,
+    expected_bytes,
+    inflate_into,
+    seal_layout,
+)
+from polyfhe.program.params import CKKSParams
+
+__all__ = ["SealCallError", "SealContext", "SerializationError", "require_tenseal"]
+
+log = logging.getLogger(__name__)
+
+# What TenSEAL's bindings raise where SEAL refuses an operation: pybind11's translations of SEAL's exceptions
+# (logic_error and others: RuntimeError; invalid_argument: ValueError; out_of_range: IndexError; overflow_error:
+# OverflowError). std::bad_alloc becomes MemoryError, which is not among them and passes through unchanged.
+_BINDING_REFUSALS = (RuntimeError, ValueError, IndexError, OverflowError)
+
+
+def _bound(operation: str, call: Callable, *arguments):
+    """``call(*arguments)``, a binding of SEAL's, with a refusal raised as :class:`SealCallError` (as the native
+    path raises it), so a caller tells SEAL's refusal of a client's values from a bug of its own the same way
+    on both paths."""
+    try:
+        return call(*arguments)
+    except SealCallError:
+        raise
+    except _BINDING_REFUSALS as exc:
+        raise refused(operation, str(exc)) from exc
+
+
+def require_tenseal():
+    try:
+        import tenseal.sealapi as sa
+    except ImportError as exc:  # pragma: no cover - tenseal is a core dependency
+        raise ImportError("CKKS needs TenSEAL: pip install 'tenseal==0.3.18'") from exc
+    return sa
+
+
+class SealContext:
+    """SEAL context, encoder and evaluator for one parameter set, plus (de)serialisation of SEAL objects."""
+
+    def __init__(self, params: CKKSParams) -> None:
+        sa = require_tenseal()
+        self.sa = sa
+        self.params = params
+        n = params.poly_modulus_degree
+        parms = sa.EncryptionParameters(sa.SCHEME_TYPE.CKKS)
+        parms.set_poly_modulus_degree(n)
+        parms.set_coeff_modulus(sa.CoeffModulus.Create(n, list(params.coeff_mod_bits)))
+        level = sa.SEC_LEVEL_TYPE.TC128 if params.security == "tc128" else sa.SEC_LEVEL_TYPE.NONE
+        self.context = sa.SEALContext(parms, True, level)
+        if not self.context.parameters_set():
+            raise ValueError(f"SEAL rejected {params.describe()}: {self.context.parameters_error_message()}")
+        self.encoder = sa.CKKSEncoder(self.context)
+        self.evaluator = sa.Evaluator(self.context)
+        self.slots = self.encoder.slot_count()
+        self.top_level = self.context.first_context_data().chain_index()
+        self.layout = seal_layout(self.context, n)  # each level's primes: residues checked exactly
+
+    # ----------------------------------------------------------------------------------------------------
+    def chain_index(self, ct) -> int:
+        return self.context.get_context_data(ct.parms_id()).chain_index()
+
+    def last_prime(self, ct) -> int:
+        return self.context.get_context_data(ct.parms_id()).parms().coeff_modulus()[-1].value()
+
+    def parms_id_at(self, consumed: int):
+        data = self.context.first_context_data()
+        for _ in range(consumed):
+            data = data.next_context_data()
+            if data is None:
+                raise ValueError(f"no level {consumed}: the modulus chain has {self.top_level} levels")
+        return data.parms_id()
+
+    def encode(self, values: np.ndarray | float, parms_id, scale: float):
+        pt = self.sa.Plaintext()
+        if np.ndim(values) == 0:
+            self.encoder.encode(float(values), parms_id, scale, pt)
+        else:
+            vec = np.zeros(self.slots)
+            vec[: len(values)] = values
+            self.encoder.encode(vec.tolist(), parms_id, scale, pt)
+        return pt
+
+    # ----------------------------------------------------------------------------------------------------
+    def dump(self, obj) -> bytes:
+        """Serialise a SEAL object (zstd-compressed SEAL format) through :func:`_memory_file`: in memory on Linux;
+        elsewhere through a 0600 file in a private temporary directory, removed as soon as it is read back."""
+        with _memory_file() as (fd, path):
+            obj.save(path)
+            return _read_all(fd)
+
+    def load(self, kind: str, data, galois_elements: set[int] | frozenset[int] | None = None):
+        """Deserialise untrusted bytes into a SEAL object of ``kind`` checked against this context.
+
+        Bounded before SEAL parses anything (:mod:`polyfhe.engines.seal.sealbytes`): inflated by us to at most the exact
+        size the object has at these parameters, its structure walked (a Galois key set must hold exactly
+        ``galois_elements``), then loaded uncompressed. Raises :class:`SerializationError` with the reason.
+        """
+        factory = {"ciphertext": self.sa.Ciphertext, "public_key": self.sa.PublicKey,
+                   "relin_keys": self.sa.RelinKeys, "galois_keys": self.sa.GaloisKeys,
+                   "secret_key": self.sa.SecretKey}[kind]
+        layout = self.layout
+        rows = None
+        if kind == "galois_keys":
+            if galois_elements is None:
+                raise ValueError("loading Galois keys needs the expected Galois elements")
+            rows = {(e & (2 * layout.n - 1)) >> 1 for e in galois_elements}
+        what = kind.replace("_", " ")
+        obj = factory()
+        with _memory_file() as (fd, path):
+            length = inflate_into(fd, data, expected_bytes(layout, kind, len(rows or ())), what)
+            _STRUCTURE_CHECKS[kind](fd, length, layout, rows, what)
+            try:
+                obj.load(self.context, path)
+            except Exception as exc:
+                raise SerializationError(f"not a valid {what} for {self.params.describe()}: "
+                                         f"{type(exc).__name__}: {exc}") from exc
+        if not self.sa.is_valid_for(obj, self.context):
+            raise SerializationError(f"{kind} does not match {self.params.describe()}")
+        return obj
+
+
+# kind -> walk of its inflated payload (fd, payload bytes, layout, Galois rows, what): before SEAL parses it
+_STRUCTURE_CHECKS = {
+    "ciphertext": lambda fd, length, layout, rows, what: check_ciphertext(fd, HEADER.size, length, layout),
+    "public_key": lambda fd, length, layout, rows, what: check_ciphertext(fd, HEADER.size, length, layout,
+                                                                         key_level=True, what=what),
+    "secret_key": lambda fd, length, layout, rows, what: check_secret_key(fd, length, layout),
+    "relin_keys": check_kswitch,  # rows None: the one relinearisation row
+    "galois_keys": check_kswitch,
+}
+
+
+@contextlib.contextmanager
+def _memory_file():
+    """(fd, path) of a file to (de)serialise through: ``tenseal.sealapi`` (de)serialises only through paths.
+
+    Linux (``memfd_create`` and ``/proc/self/fd``): an anonymous in-memory file reached as ``/proc/self/fd/N``; no
+    directory entry, nothing on disk. Elsewhere (macOS, Windows, a Linux without ``/proc``) there is no anonymous
+    file SEAL can open by path, so the bytes, secret keys included, do pass through the temporary directory's file
+    system: a file of mode 0600 inside a fresh directory of mode 0700 (``tempfile.mkdtemp``), unlinked together
+    with its directory as soon as the caller's block ends. It can reach a disk only there and only while the
+    block runs (or in swap/page cache, as any memory can).
+    """
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fd = os.memfd_create("polyfhe-seal", os.MFD_CLOEXEC)
+        try:
+            yield fd, f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    directory = tempfile.mkdtemp(prefix="polyfhe-")  # mode 0700: no other user can list or open what is inside
+    path = os.path.join(directory, "object")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
+        try:
+            yield fd, path
+        finally:
+            os.close(fd)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.rmdir(directory)
+
+
+def _read_all(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, size - offset, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)

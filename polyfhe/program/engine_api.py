@@ -1,0 +1,72 @@
+"""The engine protocol: what the compiler hands over, what a client and a server get from an engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["Backend", "BackendUnavailable", "ClientProtocol", "KeySetTooLarge", "ServerProtocol"]
+
+
+class BackendUnavailable(ImportError):
+    """The engine's package is not installed; the message says how to install it."""
+
+
+class KeySetTooLarge(ValueError):
+    """The program's evaluation keys would exceed what a server accepts on these parameters; a smaller ring
+    (bootstrapping, on engines that can) may still fit."""
+
+
+class ClientProtocol(Protocol):
+    """The key holder: keys for one program; bytes in and out, the secret key never leaves it."""
+
+    manifest: Any
+    keygen_seconds: float
+
+    def public_context(self) -> bytes: ...  # what a server gets: public, relinearisation and Galois keys
+    def secret_context(self) -> bytes: ...  # the private backup (secret key): stays with the client
+    def encrypt(self, x) -> bytes: ...  # one sample or a batch -> a ciphertext container
+    def decrypt(self, data: bytes) -> Any: ...  # a result container -> (samples, output_size) logits
+
+
+class ServerProtocol(Protocol):
+    """Runs one program on one client's public keys; never holds a secret key or a plaintext."""
+
+    program: Any
+    context_bytes: int
+    last_run: Any  # polyfhe.engines.seal.server.RunStats
+
+    def run(self, data: bytes) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One CKKS engine.
+
+    ``prepare(program)`` is called at export: it may check the parameters against the engine (security is
+    checked by polyfhe, not the engine) and returns the program the engine runs (same steps; engine-specific
+    rotation keys and facts in ``manifest.info[name]``). ``client(manifest)`` and ``server(program, context)``
+    build the two sides. ``available()`` raises :class:`BackendUnavailable` with an install hint.
+    ``composes_rotations``: the engine builds a rotation without a key of its own from power-of-two keys
+    (SEAL), so the planner may keep the key set within a budget; an engine that plans its own keys in
+    ``prepare`` (Lattigo) gets the plan without a budget, and no composed-rotation fallback.
+    ``bootstraps``: the engine runs a program's ``bootstrap`` steps, so a circuit deeper than any leveled ring
+    can be exported for it (``export/ckks/bootstrap.py``).
+    ``restore(manifest, secret_context, public_context=None)``: the client again from its private backup
+    (``client.secret_context()``, and the public context saved with it); ``None``: the client class's ``load``.
+    """
+
+    name: str
+    description: str
+    layouts: tuple[str, ...]
+    available: Callable[[], None]
+    prepare: Callable[..., Any]
+    client: Callable[..., ClientProtocol]
+    server: Callable[..., ServerProtocol]
+    composes_rotations: bool = True
+    bootstraps: bool = False
+    restore: Callable[..., ClientProtocol] | None = None
+    # bytes a valid public context of ``upload`` bytes takes once decoded (compressed keys inflate): what a
+    # server's key budget must count; ``None``: the upload size (the engine's keys travel uncompressed)
+    decoded_context_bytes: Callable[[Any, int], int] | None = None

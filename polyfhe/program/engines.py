@@ -1,0 +1,76 @@
+"""CKKS engines behind one protocol, and the registry that picks one by name.
+
+Every engine module provides a :class:`~polyfhe.program.engine_api.Backend`: what the client needs
+(parameters, key generation, encode/encrypt/decrypt, the public key bytes a server gets) and what a server runs
+(a compiled program on one client's public keys). The planner hands every engine the same
+:class:`~polyfhe.runtime.program.CKKSProgram`: per step the diagonals (or sparse rows), the ct x ct products and the
+levels; an engine may lower it further (Lattigo's evaluator takes its own model container). Nothing outside an
+engine's module imports the engine's package, so the registry and this protocol load without either installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from polyfhe.program.engine_api import Backend, BackendUnavailable, KeySetTooLarge
+
+__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "KeySetTooLarge", "client_for", "get_backend",
+           "list_backends", "restore_client"]
+
+# name -> module defining ``BACKEND``; imported on first use so a missing engine only fails when it is asked for
+_MODULES = {"seal": "polyfhe.engines.seal.engine", "lattigo": "polyfhe.engines.lattigo.engine"}
+BACKEND_NAMES = tuple(_MODULES)
+DEFAULT_BACKEND = "seal"  # see docs/ckks.md ("Engines") for the measurement behind this choice
+_LOADED: dict[str, Backend] = {}
+
+
+def get_backend(name: str) -> Backend:
+    """The engine registered as ``name``; raises ``ValueError`` listing the accepted names."""
+    if name not in _MODULES:
+        raise ValueError(f"unknown CKKS backend {name!r}; accepted: {list(BACKEND_NAMES)}")
+    if name not in _LOADED:
+        _LOADED[name] = importlib.import_module(_MODULES[name]).BACKEND
+    return _LOADED[name]
+
+
+def client_for(manifest, **kwargs):
+    """The key holder for a program's manifest, from the engine the manifest names."""
+    return get_backend(manifest.backend).client(manifest, **kwargs)
+
+
+def restore_client(manifest, secret_context: bytes, public_context: bytes | None = None):
+    """The key holder restored from its private backup (``client.secret_context()``) and, when given, the public
+    context saved with it (``public_context()`` then returns those bytes), from the engine the manifest names."""
+    engine = get_backend(manifest.backend)
+    restore = engine.restore or getattr(engine.client, "load", None)
+    if restore is None:
+        raise ValueError(f"backend {manifest.backend!r} cannot restore a client from its private backup")
+    return restore(manifest, secret_context, public_context)
+
+
+# engines whose saved programs are not CKKS manifests: name -> (module, recogniser, loader); imported on first use
+OTHER_PROGRAM_FORMATS = {"concrete": ("polyfhe.engines.concrete.program", "is_concrete_program",
+                                      "load_concrete_program")}
+
+
+def load_other_format(directory) -> Any | None:
+    """The program saved in ``directory`` by an engine with a format of its own, or None when none claims it."""
+    for module_name, recognise, load in OTHER_PROGRAM_FORMATS.values():
+        module = importlib.import_module(module_name)
+        if getattr(module, recognise)(directory):
+            return getattr(module, load)(directory)
+    return None
+
+
+def list_backends() -> list[str]:
+    return list(BACKEND_NAMES)
+
+
+def decoded_context_bytes(program, upload: int) -> int:
+    """Bytes a valid public context of ``upload`` bytes for ``program`` holds once its engine decodes it: what a
+    server's key budget counts (SEAL's keys travel compressed; the decoder refuses any that inflate further)."""
+    if program.scheme != "ckks":
+        return upload  # Concrete ML's evaluation keys travel as they sit in memory
+    measure = get_backend(program.manifest.backend).decoded_context_bytes
+    return upload if measure is None else measure(program, upload)

@@ -1,0 +1,474 @@
+"""Program execution, written once against a small slot-operation backend.
+
+:class:`SlotOps` is what a backend provides (rotate, plaintext product, add, rescale, ct x ct product, level
+matching). :class:`NumpyOps` implements it on plain float64 slot vectors, which checks a compiled plan
+exactly without encryption; ``polyfhe.engines.seal.ops.SealOps`` implements it on SEAL ciphertexts. The
+``single`` layout keeps one sample in the slots of one ciphertext per register; ``batch`` keeps one
+ciphertext per tensor element with one sample per slot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from polyfhe.program.manifest import Step
+from polyfhe.runtime.plaintexts import PlaintextKey
+
+if TYPE_CHECKING:
+    from polyfhe.runtime.program import CKKSProgram
+
+__all__ = ["THREADS_ENV", "InterleavedOps", "NumpyOps", "SlotOps", "default_threads", "dot", "execute", "observe_steps",
+           "pack_single", "run_plain", "sum_of_products", "unpack_single"]
+
+ZERO_ROW_WEIGHT = 2.0**-30
+GIANT_ROTATION_WEIGHT = 20.0  # a giant step's rotation in plaintext products, to order the pool's work (dearest first)
+log = logging.getLogger(__name__)
+
+THREADS_ENV = "POLYFHE_THREADS"  # threads per evaluation (giant steps of the single layout); default: CPU count
+
+# progress(index, step) of the evaluations this context runs, set by ``observe_steps``
+_STEP_OBSERVER: contextvars.ContextVar[Callable[[int, Step], None] | None] = contextvars.ContextVar(
+    "polyfhe_step_observer", default=None)
+
+
+@contextlib.contextmanager
+def observe_steps(callback: Callable[[int, Step], None]) -> Iterator[None]:
+    """Call ``callback(index, step)`` after each step of every evaluation run in this thread inside the block:
+    a progress bar for an evaluation whose engine server takes no callback (``polyfhe run``)."""
+    token = _STEP_OBSERVER.set(callback)
+    try:
+        yield
+    finally:
+        _STEP_OBSERVER.reset(token)
+
+
+class SlotOps(Protocol):
+    slots: int
+
+    def level(self, ct: Any) -> int: ...
+    def drop_to(self, ct: Any, level: int) -> Any: ...
+    def rotate(self, ct: Any, step: int) -> Any: ...
+    def mul_vector(self, ct: Any, vec: np.ndarray, key: PlaintextKey) -> Any: ...  # pre-rescale, scale -> target
+    def mul_scalar(self, ct: Any, value: float) -> Any: ...  # pre-rescale, scale -> target
+    # optional: dot(terms) -> the sum of mul_vector(ct, vec, key) over terms of (ct, vec, key), in one pass
+    def add(self, a: Any, b: Any) -> Any: ...
+    def add_vector(self, ct: Any, vec: np.ndarray, key: PlaintextKey) -> Any: ...  # at the pre-rescale scale
+    def add_scalar(self, ct: Any, value: float) -> Any: ...  # every slot, at the pre-rescale scale
+    def rescale(self, ct: Any) -> Any: ...
+    def multiply(self, a: Any, b: Any) -> Any: ...  # ct x ct, relinearised, not rescaled
+    def relin_rescale(self, ct: Any) -> Any: ...
+    # engines that bootstrap also provide: bootstrap(ct, attrs) -> a fresh ciphertext of the same values
+
+
+class NumpyOps:
+    """Plain slots: exact arithmetic, levels ignored. Rotation by k moves slot t+k to t (as SEAL does)."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+
+    def level(self, ct):
+        return 0
+
+    def drop_to(self, ct, level):
+        return ct
+
+    def rotate(self, ct, step):
+        return np.roll(ct, -step, axis=-1)
+
+    def mul_vector(self, ct, vec, key):
+        return ct * vec
+
+    def mul_scalar(self, ct, value):
+        return ct * value
+
+    def add(self, a, b):
+        return b if a is None else a + b
+
+    def add_vector(self, ct, vec, key):
+        out = ct.copy()
+        out[..., : len(vec)] += vec
+        return out
+
+    def add_scalar(self, ct, value):
+        return ct + value
+
+    def rescale(self, ct):
+        return ct
+
+    def multiply(self, a, b):
+        return a * b
+
+    def relin_rescale(self, ct):
+        return ct
+
+    def bootstrap(self, ct, attrs):
+        """What the engine's sparse bootstrap returns: the first ``slots`` real slots, repeated over the ring."""
+        width = int(attrs["slots"])
+        head = np.asarray(ct)[..., :width]
+        return np.tile(head, (1,) * (head.ndim - 1) + (self.slots // width,))
+
+
+class InterleavedOps:
+    """k samples per ciphertext: sample j in real slots ``u*k + j``. The plan works on ``slots/k`` virtual slots;
+    a virtual rotation by r is a real one by ``r*k`` and a virtual plaintext vector is repeated k times."""
+
+    def __init__(self, inner: SlotOps, lanes: int) -> None:
+        self.inner, self.lanes = inner, lanes
+        self.slots = inner.slots // lanes
+
+    def rotate(self, ct, step):
+        return self.inner.rotate(ct, step * self.lanes)
+
+    def mul_vector(self, ct, vec, key):
+        return self.inner.mul_vector(ct, np.repeat(vec, self.lanes), key)
+
+    def dot(self, terms):
+        return dot(self.inner, [(ct, np.repeat(vec, self.lanes), key) for ct, vec, key in terms])
+
+    def add_vector(self, ct, vec, key):
+        return self.inner.add_vector(ct, np.repeat(vec, self.lanes), key)
+
+    def __getattr__(self, name):  # level, drop_to, mul_scalar, add, add_scalar, rescale, multiply, relin_rescale
+        return getattr(self.inner, name)
+
+
+def dot(ops: SlotOps, terms: list[tuple[Any, np.ndarray, PlaintextKey]]) -> Any:
+    """The sum of ``ops.mul_vector(ct, vec, key)`` over ``terms``: in one pass where the backend has one (SEAL's
+    native dot kernel), else product by product."""
+    fused = getattr(ops, "dot", None)
+    return fused(terms) if fused is not None else sum_of_products(ops, terms)
+
+
+def sum_of_products(ops: SlotOps, terms: list[tuple[Any, np.ndarray, PlaintextKey]]) -> Any:
+    """``ops.mul_vector`` of each term, summed with ``ops.add`` one by one."""
+    acc = None
+    for ct, vec, key in terms:
+        acc = ops.add(acc, ops.mul_vector(ct, vec, key))
+    return acc
+
+
+# ------------------------------------------------------------------------------------------------------------
+# single layout: registers are single ciphertexts (or slot vectors)
+# ------------------------------------------------------------------------------------------------------------
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def shared_pool(threads: int) -> ThreadPoolExecutor | None:
+    """The process's pool of ``threads`` workers (``None`` for one thread), shared by every run: concurrent
+    requests share the cores instead of each starting ``threads`` more (``cores^2`` threads on a busy server)."""
+    if threads <= 1:
+        return None
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = _POOLS[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="polyfhe-ckks")
+        return pool
+
+
+class RunContext:
+    """Per-run state: rotated registers shared between maps, and the process's thread pool (SEAL releases the
+    GIL). Work items never submit to the pool themselves, so runs sharing it cannot deadlock."""
+
+    def __init__(self, threads: int) -> None:
+        self.cache: dict = {}
+        self.pool = shared_pool(threads)
+
+    def map(self, fn: Callable, items: list) -> list:
+        if self.pool is None or len(items) < 2:
+            return [fn(item) for item in items]
+        return list(self.pool.map(fn, items))
+
+
+class _LinearWork:
+    """One single-layout linear step split into phases, so that adjacent independent steps share the thread
+    pool's rounds: their baby rotations in one round, their giant steps in the next (fewer idle tails)."""
+
+    def __init__(self, step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> None:
+        self.step, self.ops, self.arrays, self.run = step, ops, arrays, run
+        attrs = step.attrs
+        self.baby = int(attrs["baby"])
+        self.rescale_first = bool(attrs.get("rescale_giants", False))
+        self.target = step.level - 1
+        self.groups: dict[int, list] = {}  # giant step g -> [(term index, rows)]: one rotation per g for all terms
+        self.needed: dict = {}  # baby rotations this step needs that no earlier map made: key -> input register
+        for ti, term in enumerate(attrs["terms"]):
+            ks = arrays[term["ks"]]
+            for g in np.unique(ks // self.baby):
+                rows = np.nonzero(ks // self.baby == g)[0]
+                self.groups.setdefault(int(g), []).append((ti, rows))
+                for row in rows:
+                    key = (term["input"], int(ks[row] % self.baby), self.target)
+                    if key not in run.cache:
+                        self.needed[key] = term["input"]
+        self.dropped = {r: ops.drop_to(regs[r], self.target) for r in {t["input"] for t in attrs["terms"]}}
+
+    def rotate_baby(self, key):
+        return self.dropped[key[0]] if key[1] == 0 else self.ops.rotate(self.dropped[key[0]], key[1])
+
+    def giant_items(self) -> list[tuple[float, int, Any]]:
+        """(estimated cost in plaintext products, giant step, parts) per giant step: the pool takes the dearest
+        first, so the round ends with short items."""
+        return [(sum(len(rows) for _, rows in parts) + (GIANT_ROTATION_WEIGHT if g else 0.0), g, parts)
+                for g, parts in self.groups.items()]
+
+    def giant(self, g: int, parts: list) -> Any:
+        step, ops, arrays, run = self.step, self.ops, self.arrays, self.run
+        products = []
+        for ti, rows in parts:
+            term = step.attrs["terms"][ti]
+            ks, diags = arrays[term["ks"]], arrays[term["diags"]]
+            for row in rows:
+                rot = run.cache[(term["input"], int(ks[row] % self.baby), self.target)]
+                products.append((rot, diags[row], PlaintextKey.diagonal(step.out, ti, int(row))))
+        inner = dot(ops, products)
+        if self.rescale_first:  # a rescaled partial sum rotates over one prime fewer (a cheaper key switch)
+            inner = ops.rescale(inner)
+        return inner if g == 0 else ops.rotate(inner, g * self.baby)
+
+    def finish(self, parts: list) -> Any:
+        ops, attrs = self.ops, self.step.attrs
+        acc = None
+        for part in parts:  # in giant-step order, as a single step sums them
+            acc = ops.add(acc, part)
+        shift = int(attrs["period"])
+        while shift < int(attrs.get("space", ops.slots)):
+            acc = ops.add(acc, ops.rotate(acc, shift))
+            shift *= 2
+        if attrs.get("bias"):
+            acc = ops.add_vector(acc, self.arrays[attrs["bias"]], PlaintextKey.bias(self.step.out))
+        return acc if self.rescale_first else ops.rescale(acc)
+
+
+def _single_linear_group(steps: list[Step], regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> list:
+    """Outputs of adjacent linear steps of which none reads another's output, computed in shared rounds."""
+    works = [_LinearWork(step, regs, ops, arrays, run) for step in steps]
+    needed = {}
+    for work in works:
+        for key in work.needed:
+            needed.setdefault(key, work)
+    keys = list(needed)
+    rotated = run.map(lambda k: needed[k].rotate_baby(k), keys)
+    run.cache.update(zip(keys, rotated, strict=True))
+    items = sorted(((cost, i, g, parts) for i, work in enumerate(works) for cost, g, parts in work.giant_items()),
+                   key=lambda item: -item[0])
+    done = run.map(lambda item: works[item[1]].giant(item[2], item[3]), items)
+    parts: list[dict[int, Any]] = [{} for _ in works]
+    for (_, i, g, _), value in zip(items, done, strict=True):
+        parts[i][g] = value
+    return [work.finish([part[g] for g in sorted(part)]) for work, part in zip(works, parts, strict=True)]
+
+
+def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
+    return _single_linear_group([step], regs, ops, arrays, run)[0]
+
+
+def _single_bootstrap(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
+    refresh = getattr(ops, "bootstrap", None)
+    if refresh is None:
+        raise ValueError("this program bootstraps, and the engine running it cannot (export it for "
+                         "backend='lattigo')")
+    return refresh(regs[step.inputs[0]], step.attrs)
+
+
+def _single_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
+    a, b = (regs[i] for i in step.inputs)
+    low = max(ops.level(a), ops.level(b))
+    return ops.relin_rescale(ops.multiply(ops.drop_to(a, low), ops.drop_to(b, low)))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# batch layout: registers are lists of ciphertexts, one per tensor element
+# ------------------------------------------------------------------------------------------------------------
+def _batch_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> list:
+    target = step.level - 1
+    terms = [
+        ([ops.drop_to(ct, target) for ct in regs[t["input"]]], arrays[t["data"]], arrays[t["indices"]],
+         arrays[t["indptr"]])
+        for t in step.attrs["terms"]
+    ]
+    bias = arrays[step.attrs["bias"]] if step.attrs.get("bias") else None
+
+    def row(i: int) -> Any:
+        acc = None
+        for src, data, indices, indptr in terms:
+            for p in range(indptr[i], indptr[i + 1]):
+                acc = ops.add(acc, ops.mul_scalar(src[indices[p]], float(data[p])))
+        if acc is None:  # an all-zero row: SEAL refuses a product by 0 (a transparent ciphertext), so take
+            # an input times ZERO_ROW_WEIGHT: the row is off by at most 1e-9 x that input, far below CKKS noise
+            acc = ops.mul_scalar(terms[0][0][0], ZERO_ROW_WEIGHT)
+        if bias is not None and bias[i] != 0.0:
+            acc = ops.add_scalar(acc, float(bias[i]))
+        return ops.rescale(acc)
+
+    return run.map(row, list(range(step.size)))
+
+
+def _batch_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> list:
+    a, b = (regs[i] for i in step.inputs)
+    low = max(ops.level(a[0]), ops.level(b[0]))
+    return [ops.relin_rescale(ops.multiply(ops.drop_to(x, low), ops.drop_to(y, low))) for x, y in zip(a, b)]
+
+
+def matmul_indices(a_shape, b_shape, out_shape) -> tuple[np.ndarray, np.ndarray]:
+    """For ``out = a @ b`` (flattened), the (out_size, K) element indices of a and b summed per output."""
+    ia = np.arange(int(np.prod(a_shape))).reshape(a_shape)
+    ib = np.arange(int(np.prod(b_shape))).reshape(b_shape)
+    k = a_shape[-1]
+    full = (*out_shape, k)
+    a_idx = np.broadcast_to(ia[..., :, None, :], full).reshape(-1, k)
+    b_idx = np.broadcast_to(np.swapaxes(ib, -1, -2)[..., None, :, :], full).reshape(-1, k)
+    return a_idx, b_idx
+
+
+def _batch_matmul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> list:
+    a, b = (regs[i] for i in step.inputs)
+    low = max(ops.level(a[0]), ops.level(b[0]))
+    a = [ops.drop_to(x, low) for x in a]
+    b = [ops.drop_to(x, low) for x in b]
+    a_idx, b_idx = matmul_indices(step.attrs["a_shape"], step.attrs["b_shape"], step.attrs["out_shape"])
+    out = []
+    for ra, rb in zip(a_idx, b_idx, strict=True):
+        acc = None
+        for i, j in zip(ra, rb, strict=True):
+            acc = ops.add(acc, ops.multiply(a[i], b[j]))
+        out.append(ops.relin_rescale(acc))
+    return out
+
+
+StepFn = Callable[[Step, dict, SlotOps, dict, RunContext], Any]
+EXECUTORS: dict[tuple[str, str], StepFn] = {
+    ("single", "linear"): _single_linear,
+    ("single", "mul"): _single_mul,
+    ("single", "bootstrap"): _single_bootstrap,
+    ("batch", "linear"): _batch_linear,
+    ("batch", "mul"): _batch_mul,
+    ("batch", "matmul"): _batch_matmul,
+}
+
+
+def _last_use(program: CKKSProgram) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for index, step in enumerate(program.manifest.steps):
+        for r in step.reads():
+            last[r] = index
+    return last
+
+
+def default_threads() -> int:
+    """Threads per evaluation: ``POLYFHE_THREADS`` (``--threads`` of ``polyfhe run/serve/export`` sets it), else
+    the CPU count."""
+    raw = os.environ.get(THREADS_ENV)
+    if raw is None:
+        return os.cpu_count() or 1
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        log.warning("%s=%r is not a positive thread count; using the CPU count", THREADS_ENV, raw)
+        return os.cpu_count() or 1
+    return threads
+
+
+def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: Callable | None = None,
+            threads: int | None = None, observe: Callable[[int, Any], None] | None = None) -> Any:
+    """Run every step; registers are freed after their last use to bound memory. ``observe(register, value)``
+    sees every register as it is made (the input included), e.g. to record calibrated ranges."""
+    manifest = program.manifest
+    if manifest.layout == "single" and manifest.samples_per_ciphertext > 1:
+        ops = InterleavedOps(ops, manifest.samples_per_ciphertext)
+    regs: dict[int, Any] = {0: encrypted_input}
+    last = _last_use(program)
+    run = RunContext(default_threads() if threads is None else threads)
+    if progress is None:
+        progress = _STEP_OBSERVER.get()
+    if observe is not None:
+        observe(0, encrypted_input)
+    steps = manifest.steps
+    computed: set[int] = set()  # steps already run ahead of their place (in a group of ready linear steps)
+    for index, step in enumerate(steps):
+        if index not in computed:
+            group = _ready_linear_steps(steps, index, regs, computed) if manifest.layout == "single" else [index]
+            if len(group) > 1:
+                outs = _single_linear_group([steps[i] for i in group], regs, ops, program.arrays, run)
+            else:
+                fn = EXECUTORS.get((manifest.layout, step.op))
+                if fn is None:
+                    raise ValueError(f"step {index} ({step.op}) is not supported in layout {manifest.layout!r}")
+                outs = [fn(step, regs, ops, program.arrays, run)]
+            for i, value in zip(group, outs, strict=True):
+                regs[steps[i].out] = value
+                computed.add(i)
+                if observe is not None:
+                    observe(steps[i].out, value)
+        # registers are freed after their last reader's place in the program, wherever that reader ran
+        for r in [r for r, last_use in last.items() if last_use == index and r != manifest.output]:
+            regs.pop(r, None)
+            for key in [k for k in run.cache if k[0] == r]:
+                del run.cache[key]
+        if progress is not None:
+            progress(index, step)
+    return regs[manifest.output]
+
+
+def _ready_linear_steps(steps, start: int, regs: dict, computed: set[int]) -> list[int]:
+    """``start`` and, when it is a linear step, every later linear step not yet run whose inputs are all
+    computed already: one group whose maps share the pool's rounds (registers are written once, so running a
+    step ahead of its place changes nothing but the order)."""
+    if steps[start].op != "linear":
+        return [start]
+    return [start] + [j for j in range(start + 1, len(steps)) if j not in computed and steps[j].op == "linear"
+                      and all(r in regs for r in steps[j].reads())]
+
+
+def pack_single(manifest, values: np.ndarray) -> np.ndarray:
+    """Slot vector for up to ``samples_per_ciphertext`` samples (rows of ``values``): the program's public packing.
+
+    Each sample's virtual vector repeats its input every ``input_period`` slots; sample j goes to the real slots
+    ``u*k + j``; unused lanes stay zero. A replicated packing (``input_gather``) writes some values to several slots.
+    """
+    rows = np.atleast_2d(np.asarray(values, dtype=np.float64))
+    lanes, virtual = manifest.samples_per_ciphertext, manifest.virtual_slots
+    if len(rows) > lanes:
+        raise ValueError(f"{len(rows)} samples do not fit one ciphertext of this program ({lanes} per ciphertext)")
+    period = int(manifest.info.get("input_period", virtual))
+    grid = np.zeros((lanes, period))
+    gather = getattr(manifest, "input_gather", ())
+    grid[: len(rows), list(manifest.input_slots)] = rows[:, list(gather)] if gather else rows
+    return np.tile(grid, (1, virtual // period)).T.reshape(-1)
+
+
+def unpack_single(manifest, vec: np.ndarray, samples: int) -> np.ndarray:
+    """(samples, output_size) from a decoded slot vector of the single layout (inverse of the packing)."""
+    lanes = manifest.samples_per_ciphertext
+    grid = np.asarray(vec)[: manifest.params.slots].reshape(-1, lanes).T
+    return grid[:samples][:, list(manifest.output_slots)]
+
+
+def run_plain(program: CKKSProgram, x: np.ndarray) -> np.ndarray:
+    """Compiled program on plaintext: ``x`` (batch, *input_shape) -> (batch, output_size)."""
+    m = program.manifest
+    flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    if flat.shape[1] != m.input_size:
+        raise ValueError(f"input has {flat.shape[1]} values per sample, the program takes {m.input_size}")
+    if m.layout == "single":
+        lanes = m.samples_per_ciphertext
+        outs = []
+        for start in range(0, len(flat), lanes):  # the real interleaved packing, as under encryption
+            chunk = flat[start:start + lanes]
+            vec = execute(program, NumpyOps(m.params.slots), pack_single(m, chunk))
+            outs.append(unpack_single(m, vec, len(chunk)))
+        return np.concatenate(outs)
+    ops = NumpyOps(len(flat))
+    result = execute(program, ops, [flat[:, i].copy() for i in range(m.input_size)])
+    return np.stack(result, axis=1)

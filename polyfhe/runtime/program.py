@@ -1,0 +1,121 @@
+"""A compiled CKKS program: its manifest plus the named numpy arrays its steps read. No pickle, no torch.
+
+``save(dir)`` writes ``manifest.json`` and ``arrays.npz``; :func:`load_program` reads them back with
+``allow_pickle=False`` and checks the format, the array names every step refers to, and the program id (a
+hash over the manifest and the arrays), so a tampered or truncated program is refused before it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from polyfhe.program.engines import get_backend, load_other_format
+from polyfhe.program.manifest import ProgramError, ProgramManifest, compute_program_id
+from polyfhe.program.params import CKKSParams, fingerprint_params
+from polyfhe.runtime.execute import run_plain
+from polyfhe.runtime.plaintexts import PlaintextStore
+
+__all__ = ["CKKSProgram", "SharedState", "load_program"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SharedState:
+    """What the servers of one program share in this process: built on first use, never saved."""
+
+    plaintexts: PlaintextStore = field(default_factory=PlaintextStore)  # SEAL's encoded diagonals and biases
+    engines: dict[str, Any] = field(default_factory=dict)  # an engine's loaded model, by backend name
+    lock: threading.Lock = field(default_factory=threading.Lock)  # guards ``engines`` while a model loads
+
+
+@dataclass
+class CKKSProgram:
+    """Manifest + arrays; ``client()`` for the key holder, ``server(public_context)`` for the evaluator."""
+
+    manifest: ProgramManifest
+    arrays: dict[str, np.ndarray]
+    shared: SharedState = field(default_factory=SharedState, repr=False, compare=False)
+
+    @classmethod
+    def create(cls, manifest: ProgramManifest, arrays: dict[str, np.ndarray]) -> CKKSProgram:
+        return cls(replace(manifest, program_id=compute_program_id(manifest, arrays)), arrays)
+
+    @property
+    def params(self) -> CKKSParams:
+        return self.manifest.params
+
+    scheme: ClassVar[str] = "ckks"
+
+    @property
+    def program_id(self) -> str:
+        return self.manifest.program_id
+
+    @property
+    def params_fingerprint(self) -> str:
+        """What keys and ciphertexts made for this program carry as ``params`` (servers compare it)."""
+        return fingerprint_params(self.params)
+
+    def save(self, directory: str | Path) -> Path:
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(out / "arrays.npz", **self.arrays)
+        (out / "manifest.json").write_text(json.dumps(self.manifest.to_dict(), indent=1))
+        log.info("saved CKKS program %s to %s", self.program_id, out)
+        return out
+
+    def client(self, **kwargs):
+        """The key holder for this program, from the engine the manifest names."""
+        return get_backend(self.manifest.backend).client(self.manifest, **kwargs)
+
+    def server(self, public_context: bytes, **kwargs):
+        """An evaluator for one client's public context, from the engine the manifest names."""
+        return get_backend(self.manifest.backend).server(self, public_context, **kwargs)
+
+    def run_plain(self, x: np.ndarray) -> np.ndarray:
+        """Execute the compiled steps on plaintext slots (no encryption): the reference for one sample batch."""
+        return run_plain(self, x)
+
+    def summary(self) -> dict:
+        m = self.manifest
+        return {"program_id": m.program_id, "backend": m.backend, "layout": m.layout, "params": m.params.to_dict(),
+                "input_shape": list(m.input_shape), "output_size": m.output_size, "depth": m.depth,
+                "steps": len(m.steps), "galois_keys": len(m.galois_steps), **m.info}
+
+
+def load_program(directory: str | Path) -> CKKSProgram:
+    """Load and verify a program saved by :meth:`CKKSProgram.save` (or a Concrete ML program's ``save``: then a
+    :class:`~polyfhe.engines.concrete.program.ConcreteProgram`)."""
+    root = Path(directory)
+    other = load_other_format(root)
+    if other is not None:
+        return other
+    manifest_path, arrays_path = root / "manifest.json", root / "arrays.npz"
+    for p in (manifest_path, arrays_path):
+        if not p.is_file():
+            raise ProgramError(f"{root} is not a CKKS program directory: {p.name} is missing "
+                               "(create one with `polyfhe export MODEL --target ckks --out DIR`)")
+    try:
+        manifest = ProgramManifest.from_dict(json.loads(manifest_path.read_text()))
+    except json.JSONDecodeError as exc:
+        raise ProgramError(f"{manifest_path} is not valid JSON: {exc}") from exc
+    try:
+        with np.load(arrays_path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except Exception as exc:
+        raise ProgramError(f"cannot read {arrays_path}: {type(exc).__name__}: {exc}") from exc
+    missing = sorted({n for s in manifest.steps for n in s.array_names()} - set(arrays))
+    if missing:
+        raise ProgramError(f"{arrays_path} lacks arrays the program uses: {missing[:5]}")
+    expected = compute_program_id(manifest, arrays)
+    if expected != manifest.program_id:
+        raise ProgramError(f"program id mismatch in {root}: manifest says {manifest.program_id}, "
+                           f"content hashes to {expected} (modified or corrupt program)")
+    return CKKSProgram(manifest, arrays)
