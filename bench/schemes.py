@@ -63,7 +63,7 @@ from machine_info import machine_info
 log = logging.getLogger("bench.schemes")
 
 SCHEMES = ("ckks-seal", "ckks-lattigo", "concrete")
-# name -> (dataset, zoo model or None, epochs, lr); digits cases train with tests/fhe/ckks_testlib.train
+# name -> (dataset, zoo model or None, epochs, lr); digits cases train with tests/ckks_testlib.train
 CASES: dict[str, tuple[str, str | None, int, float]] = {
     "digits_mlp": ("digits", None, 30, 0.01),
     "digits_relu_mlp": ("digits", "relu", 30, 0.01),  # not polynomial: CKKS refuses it, TFHE takes it
@@ -301,7 +301,8 @@ def run_ckks(case: str, backend: str, args: argparse.Namespace, state_path: str,
 
 def run_concrete(case: str, args: argparse.Namespace, state_path: str, progress_path: str) -> None:
     import polyfhe
-    from polyfhe.engines.concrete import ConcreteExportError, ConcreteWorkerDied, find_env
+    from polyfhe.engines.concrete import ConcreteWorkerDied, find_env
+    from polyfhe.exporters.concrete import ConcreteExportError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     prog = Progress(Path(progress_path))

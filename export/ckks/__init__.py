@@ -237,8 +237,8 @@ def _server_memory_error(name: str, planned: dict, boot_info: dict, peak: dict, 
 def _bootstrap_time(boot_info: dict, params: CKKSParams) -> str:
     """What the bootstraps alone would take per query, from this machine's cached Lattigo calibration (never
     calibrated here: a refusal should be quick); without one, where to get the prediction."""
-    from polyfhe.cost.model import bootstrap_seconds
-    from polyfhe.cost.opcosts import read_cached
+    from polyfhe.runtime.bootcost import bootstrap_seconds
+    from polyfhe.runtime.opcosts import read_cached
 
     costs = read_cached("lattigo")
     if costs is None:

@@ -4,7 +4,7 @@ It is derived, not written twice: every op the analyzer accepts on encrypted val
 (:func:`~polyfhe.analysis.registry.register_rule`), with the :class:`Lowering` kinds the rule declares,
 plus the public shape ops (Shape, Size), whose outputs the compiler reads as constants. The compiler's
 side is its handler registry ``LINEAR_OPS`` (``export/ckks/affine.py``) and ``lower.py`` for the other
-kinds; ``tests/fhe/test_ckks_op_table.py`` holds the two to this table in both directions and compiles
+kinds; ``tests/export/ckks/test_ckks_op_table.py`` holds the two to this table in both directions and compiles
 one graph per (op, kind).
 """
 

@@ -14,7 +14,7 @@ __all__ = ["export_concrete_program", "summary_rows"]
 def export_concrete_program(console: Any, model: Any, name: str, shape: tuple[int, ...] | None,
                             calibration: np.ndarray | None, args: argparse.Namespace) -> int:
     from polyfhe.commands.errors import ExportInputError
-    from polyfhe.engines.concrete import export_concrete
+    from polyfhe.exporters.concrete import export_concrete
 
     if calibration is None:
         raise ExportInputError("target concrete quantises on calibration data: pass --calibration (a dataset name "

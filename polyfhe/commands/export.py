@@ -96,8 +96,9 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from polyfhe.engines.concrete import ConcreteEnvMissing, ConcreteExportError
+    from polyfhe.engines.concrete import ConcreteEnvMissing
     from polyfhe.exporters.ckks import CKKSExportError
+    from polyfhe.exporters.concrete import ConcreteExportError
 
     console = Console(width=140)
     apply_threads(args)

@@ -1,4 +1,4 @@
-"""Microbenchmarks that calibrate :mod:`polyfhe.cost.opcosts` on the machine that runs them.
+"""Microbenchmarks that calibrate :mod:`polyfhe.runtime.opcosts` on the machine that runs them.
 
 SEAL: each operation is timed on its own (median of a few calls) at several rings and at several levels of one
 chain (a ciphertext switched down a level has one prime fewer, so one context gives several prime counts).
@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from polyfhe.cost.opcosts import OpSite, Probe, Tally, merge
 from polyfhe.program.params import CKKSParams
+from polyfhe.runtime.opcosts import OpSite, Probe, Tally, merge
 
 __all__ = ["CALIBRATORS", "KeyObservation", "best_seconds", "lattigo_probes", "measure_base_rss", "seal_probes"]
 

@@ -1,4 +1,4 @@
-"""What one evaluation of a program does and holds, as :class:`~polyfhe.cost.opcosts.OpSite` counts.
+"""What one evaluation of a program does and holds, as :class:`~polyfhe.runtime.opcosts.OpSite` counts.
 
 Two ways to get it:
 
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from polyfhe.cost.opcosts import OpSite, Tally, merge
 from polyfhe.engines.seal.native import dot_available
 from polyfhe.program.params import CKKSParams
+from polyfhe.runtime.opcosts import OpSite, Tally, merge
 from polyfhe.runtime.rotations import KeyChain
 
 __all__ = ["COMPILED_TALLIES", "TracedModel", "Workload", "data_primes", "program_workload", "trace_model",

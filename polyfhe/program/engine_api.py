@@ -70,3 +70,7 @@ class Backend:
     # bytes a valid public context of ``upload`` bytes takes once decoded (compressed keys inflate): what a
     # server's key budget must count; ``None``: the upload size (the engine's keys travel uncompressed)
     decoded_context_bytes: Callable[[Any, int], int] | None = None
+    # the Python distributions that carry the engine (their versions key the cached operation costs), and what
+    # else changes its speed on this build (e.g. SEAL's dot kernel on or off), as "name=value" text
+    distributions: tuple[str, ...] = ()
+    build_notes: Callable[[], str] | None = None

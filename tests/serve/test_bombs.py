@@ -14,9 +14,7 @@ machine.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -41,16 +39,10 @@ OCTETS = {"Content-Type": "application/octet-stream"}
 
 
 def _load_seal_bombs():
-    """tests/fhe/seal_bombs.py (shared with the fuzzing tests), imported by path: tests/fhe is not on sys.path
-    when only this folder runs."""
-    if "seal_bombs" in sys.modules:  # the fuzzing tests ran first in this session
-        return sys.modules["seal_bombs"]
-    path = Path(__file__).resolve().parents[1] / "fhe" / "seal_bombs.py"
-    spec = importlib.util.spec_from_file_location("seal_bombs", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["seal_bombs"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    """tests/testlib/seal_bombs.py, shared with the fuzzing tests (tests/testlib is on pytest's pythonpath)."""
+    import seal_bombs
+
+    return seal_bombs
 
 
 sb = _load_seal_bombs()

@@ -24,7 +24,7 @@ what its parameters imply (:func:`polyfhe.engines.lattigo.keybytes.check_bootstr
   modulus (ephemeral secret weight 32, the default), the relinearisation key and every Galois key on the whole
   bootstrapping modulus (``rlwe.KeyGenerator`` defaults: every Q and P prime, no base-two decomposition).
 
-Pure arithmetic; no engine import. Checked against keys the wheel generates (tests/fhe/test_lattigo_bootkey_shape.py).
+Pure arithmetic; no engine import. Checked against keys the wheel generates (tests/engines/lattigo/test_lattigo_bootkey_shape.py).
 """
 
 from __future__ import annotations

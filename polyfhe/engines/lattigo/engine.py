@@ -476,4 +476,5 @@ class LattigoServer:
 
 
 BACKEND = Backend(NAME, "Lattigo v6 (hoisted BSGS) through the orion-v2 wheels", ("single",), _available, _prepare,
-                  LattigoClient, LattigoServer, composes_rotations=False, bootstraps=True)
+                  LattigoClient, LattigoServer, composes_rotations=False, bootstraps=True,
+                  distributions=("orion-v2-lattigo", "orion-v2-evaluator"))

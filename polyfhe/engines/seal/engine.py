@@ -46,5 +46,12 @@ def _server(program, public_context: bytes, **kwargs):
     return CKKSServer(program, public_context, **kwargs)
 
 
+def _build_notes() -> str:
+    from polyfhe.engines.seal.native import dot_available
+
+    return f"dot-kernel={'on' if dot_available() else 'off'}"
+
+
 BACKEND = Backend("seal", "Microsoft SEAL 4.x through TenSEAL's sealapi", ("single", "batch"), _available, _prepare,
-                  _client, _server, restore=_restore, decoded_context_bytes=_decoded_context_bytes)
+                  _client, _server, restore=_restore, decoded_context_bytes=_decoded_context_bytes,
+                  distributions=("tenseal",), build_notes=_build_notes)

@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from ckks_testlib import Square, accuracy, digits, digits_mlp, train
 from torch import nn
 
 from polyfhe.exporters.concrete.qat import (
@@ -17,7 +18,6 @@ from polyfhe.exporters.concrete.qat import (
     fake_quantize_weight,
     quantization_aware_finetune,
 )
-from tests.fhe.ckks_testlib import Square, accuracy, digits, digits_mlp, train
 
 
 @pytest.fixture(scope="module", autouse=True)

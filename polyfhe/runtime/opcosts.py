@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from polyfhe.program.engines import get_backend
+
 __all__ = [
     "CALIBRATION_VERSION", "OPS", "KeyBytesModel", "OpCosts", "OpSite", "Probe", "Tally", "cache_dir", "cache_path", "engine_version",
     "fit_costs", "machine_fingerprint", "merge", "read_cached", "write_cached",
@@ -50,7 +52,6 @@ N_TERMS = 3  # c0, c1, c2
 # costs and mispriced rings it had not seen).
 TERMS = {"rotation": (1, 2), "hoisted_rotation": (1, 2), "transform": (0, 2), "encode": (1,), "plain_product": (1,),
          "ct_product": (1, 2), "rescale": (1,), "add": (1,), "io": (0, 1)}
-ENGINE_DISTRIBUTIONS = {"seal": ("tenseal",), "lattigo": ("orion-v2-lattigo", "orion-v2-evaluator")}
 
 
 @dataclass(frozen=True)
@@ -213,18 +214,17 @@ def fit_costs(engine: str, probes: Iterable[Probe], fingerprint: str = "", **ext
 # cache
 # --------------------------------------------------------------------------------------------------------------
 def engine_version(engine: str) -> str:
-    """Installed versions of the engine's distributions (part of the cache key); for SEAL, also whether its
-    plaintext products run on polyfhe's dot kernel (its probe times that kernel then)."""
+    """Installed versions of the engine's distributions (part of the cache key) and its build notes (for SEAL,
+    whether plaintext products run on polyfhe's dot kernel: its probe times that kernel then)."""
+    record = get_backend(engine)
     parts = []
-    for dist in ENGINE_DISTRIBUTIONS.get(engine, ()):
+    for dist in record.distributions:
         try:
             parts.append(f"{dist}={metadata.version(dist)}")
         except metadata.PackageNotFoundError:
             parts.append(f"{dist}=missing")
-    if engine == "seal":
-        from polyfhe.engines.seal.native import dot_available
-
-        parts.append(f"dot-kernel={'on' if dot_available() else 'off'}")
+    if record.build_notes is not None:
+        parts.append(record.build_notes())
     return ",".join(parts)
 
 

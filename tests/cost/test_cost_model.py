@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from ckks_testlib import digits, digits_mlp, square_cnn
 
-from polyfhe.cost import opcosts
 from polyfhe.cost.model import SEAL_PARALLEL_OPS, predict, thread_speedup
-from polyfhe.cost.opcosts import KeyBytesModel, OpCosts, OpSite, Probe, fit_costs, machine_fingerprint
 from polyfhe.cost.workload import Workload, program_workload, trace_model
 from polyfhe.program.params import CKKSParams
+from polyfhe.runtime import opcosts
+from polyfhe.runtime.opcosts import KeyBytesModel, OpCosts, OpSite, Probe, fit_costs, machine_fingerprint
 
 TRUE = {"rotation": (0.0, 2.0, 0.7), "plain_product": (0.0, 0.3, 0.0), "ct_product": (0.0, 3.0, 0.9),
         "add": (0.0, 0.1, 0.0), "transform": (700.0, 0.0, 1.0)}

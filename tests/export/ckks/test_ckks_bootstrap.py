@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from ckks_testlib import Square, digits, train
 from sympy import isprime as sympy_isprime
 from torch import nn
 
@@ -39,7 +40,6 @@ from polyfhe.program.bootparams import (
 from polyfhe.program.manifest import Step
 from polyfhe.program.params import MAX_BITS_128, CKKSParams, ParameterError
 from polyfhe.runtime.execute import pack_single, run_plain
-from tests.fhe.ckks_testlib import Square, digits, train
 
 LATTIGO = importlib.util.find_spec("lattigo") is not None
 # 3 levels between bootstraps, on its own ring; INSECURE on purpose (240 bits at N=4096, whose 128-bit bound is 109)

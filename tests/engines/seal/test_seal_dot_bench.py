@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "seal_dot.py"
+BENCH = Path(__file__).resolve().parents[3] / "bench" / "seal_dot.py"
 pytestmark = pytest.mark.fhe
 
 

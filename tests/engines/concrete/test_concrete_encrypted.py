@@ -11,11 +11,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from ckks_testlib import Square, digits, train
 from torch import nn
 
-from polyfhe.engines.concrete import ConcreteExportError, export_concrete, load_concrete_program
+from polyfhe.engines.concrete import load_concrete_program
+from polyfhe.exporters.concrete import ConcreteExportError, export_concrete
 from polyfhe.program.wire import KIND_CIPHERTEXT, WireError, pack, unpack
-from tests.fhe.ckks_testlib import Square, digits, train
 
 pytestmark = pytest.mark.concrete
 
@@ -147,9 +148,9 @@ def test_cli_export_and_run(mlp, tmp_path, capsys):
 
 def test_demo_server_serves_concrete_beside_ckks(program, pair, tmp_path, capsys):
     import httpx
+    from ckks_testlib import export_square_mlp
 
     from polyfhe import load_program as polyfhe_load
-    from tests.fhe.ckks_testlib import export_square_mlp
     from tests.serve.serve_testlib import start_server
 
     root = tmp_path / "programs"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from ckks_testlib import digits
 from torch import nn
 
 from polyfhe.exporters.ckks import CKKSExportError, export_ckks, to_onnx_model
@@ -15,7 +16,6 @@ from polyfhe.models.layers.shift import spatial_shift
 from polyfhe.program.bootparams import server_peak_bytes
 from polyfhe.program.params import CKKSParams
 from polyfhe.runtime.execute import run_plain
-from tests.fhe.ckks_testlib import digits
 
 # 3 levels between bootstraps, on its own ring; INSECURE on purpose (240 bits at N=4096, whose 128-bit bound is 109)
 SMALL_RING = CKKSParams(4096, (60, 40, 40, 40, 60), 40, security="none")
@@ -123,15 +123,14 @@ def test_a_server_that_fits_no_plan_is_refused_with_both_tries(merged_program):
 
 
 def test_the_refusal_prices_its_bootstraps_from_a_cached_calibration(merged_program, monkeypatch):
-    from polyfhe.cost import model as costmodel
-    from polyfhe.cost import opcosts
+    from polyfhe.runtime import bootcost, opcosts
 
     peak = merged_program.manifest.info["bootstrap"]["server_memory"]["peak_bytes"]
     monkeypatch.setattr(opcosts, "read_cached", lambda engine: None)
     with pytest.raises(CKKSExportError, match=r"`polyfhe cost MODEL --backend lattigo` predicts its latency"):
         _export(peak // 100)
     monkeypatch.setattr(opcosts, "read_cached", lambda engine: object())
-    monkeypatch.setattr(costmodel, "bootstrap_seconds", lambda costs, spec, params: 2.5)
+    monkeypatch.setattr(bootcost, "bootstrap_seconds", lambda costs, spec, params: 2.5)
     with pytest.raises(CKKSExportError, match=r"its \d+ bootstraps alone would take about \d+ s per query"):
         _export(peak // 100)
 
