@@ -279,7 +279,7 @@ def lattigo_probes(chains=LATTIGO_CHAINS, repeats: int = 3) -> tuple[list[Probe]
 def measure_base_rss(engine: str) -> int:
     """Resident bytes of a fresh server process with the runtime and the engine loaded (no keys yet)."""
     code = {"seal": "import polyfhe.engines.seal.server, polyfhe.engines.seal.context as s; s.require_tenseal()",
-            "lattigo": "import polyfhe.engines.seal.server; from polyfhe.program.engines import lattigo as l; "
+            "lattigo": "import polyfhe.runtime.execute; from polyfhe.engines.lattigo import engine as l; "
                        "l._client_lib(); l._evaluator_lib()"}[engine]
     probe = (f"{code}\nfor line in open('/proc/self/status'):\n"
              "    if line.startswith('VmRSS:'): print(int(line.split()[1]) * 1024)")

@@ -70,7 +70,7 @@ def test_only_an_engine_that_composes_rotations_gets_a_key_budget(monkeypatch):
 
 
 def test_lattigo_key_set_size_is_predicted_and_an_unservable_one_refused(programs, monkeypatch):
-    from polyfhe.program.engines import lattigo
+    from polyfhe.engines.lattigo import engine as lattigo
 
     prog = programs["lattigo"]
     keys = len(prog.manifest.galois_steps) + 1  # and the relinearisation key

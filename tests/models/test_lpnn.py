@@ -163,7 +163,7 @@ def test_analyzer_degree_matches_the_config(widths, factor_source, hand_degree, 
 
 @pytest.mark.fhe
 def test_encrypted_inference_matches_plaintext_on_digits() -> None:
-    from tests.fhe.ckks_testlib import accuracy, digits, encrypted_and_plain, train
+    from ckks_testlib import accuracy, digits, encrypted_and_plain, train
 
     torch.manual_seed(0)
     model = train(build_lpnn(widths=(32, 32), img_size=8, drop_rate=0.0), epochs=15, lr=0.01)

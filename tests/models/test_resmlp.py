@@ -137,7 +137,7 @@ def test_unknown_option_and_wrong_input_are_rejected() -> None:
 
 @pytest.mark.fhe
 def test_encrypted_inference_matches_plaintext_on_digits() -> None:
-    from tests.fhe.ckks_testlib import accuracy, digits, encrypted_and_plain, train
+    from ckks_testlib import accuracy, digits, encrypted_and_plain, train
 
     torch.manual_seed(0)
     model = polyfhe.create_model("resmlp_poly", img_size=8, patch_size=2, dim=16, depth=2, expansion=2)

@@ -266,7 +266,7 @@ def test_analyzer_degree_of_taylor_mixer(depth: int, order: int) -> None:
 @pytest.mark.fhe
 @pytest.mark.parametrize("reducible", [False, True], ids=["taylornet", "rtaylornet"])
 def test_tiny_taylornet_encrypted_matches_plaintext(reducible: bool) -> None:
-    from tests.fhe.ckks_testlib import accuracy, digits, encrypted_and_plain, train
+    from ckks_testlib import accuracy, digits, encrypted_and_plain, train
 
     torch.manual_seed(0)
     model = train(build_taylornet(img_size=8, hidden_dims=(16,), order=2, rank=4,
@@ -286,7 +286,7 @@ def test_tiny_taylornet_encrypted_matches_plaintext(reducible: bool) -> None:
 @pytest.mark.fhe
 def test_tiny_taylor_mixer_encrypted_matches_plaintext() -> None:
     """Token- and channel-mixing Taylor layers with Affine pre-norms (degree 16) run encrypted like plaintext."""
-    from tests.fhe.ckks_testlib import accuracy, digits, encrypted_and_plain, train
+    from ckks_testlib import accuracy, digits, encrypted_and_plain, train
 
     torch.manual_seed(0)
     model = train(build_taylor_mixer(img_size=8, patch_size=2, dim=8, token_rank=3, channel_rank=3), epochs=30,
