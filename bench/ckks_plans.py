@@ -200,6 +200,19 @@ def _bootstrap_summary(boot: dict | None) -> dict:
             "predicted_server_gb": boot.get("server_memory", {}).get("peak_bytes", 0) / 1e9 or None}
 
 
+def _tree_attr(name: str, *modules: str):
+    """``name`` from the first of ``modules`` this tree has: a baseline from before the package redesign keeps
+    its modules under their old names (``polyfhe.fhe...``); ImportError when none holds it."""
+    import importlib
+
+    for module in modules:
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError(f"none of {modules} defines {name}")
+
+
 def stage_server(program: Path, work: Path) -> dict:
     """Load the program and the public context, evaluate every ciphertext in ``work``; times and RSS."""
     import polyfhe
@@ -210,7 +223,7 @@ def stage_server(program: Path, work: Path) -> dict:
     warm_s = None
     if os.environ.get("POLYFHE_BENCH_WARM") == "1":  # --warm: plaintexts encoded before the first query
         try:
-            from polyfhe.engines.seal.prewarm import warm_plaintexts
+            warm_plaintexts = _tree_attr("warm_plaintexts", "polyfhe.engines.seal.prewarm", "polyfhe.fhe.prewarm")
         except ImportError:  # a baseline tree from before prewarm.py
             pass
         else:
@@ -235,7 +248,7 @@ def _dot_kernel(backend: str) -> str | None:
     if backend != "seal":
         return None
     try:
-        from polyfhe.engines.seal.native import dot_available
+        dot_available = _tree_attr("dot_available", "polyfhe.engines.seal.native", "polyfhe.fhe.seal_native")
     except ImportError:
         return "no"
     return "yes" if dot_available() else "no"
@@ -268,7 +281,7 @@ def stage_keys(folder: Path, program: Path, work: Path, images: int) -> dict:
 def stage_decrypt(program: Path, work: Path, images: int) -> dict:
     """The client's second half: restored from its backup and the public context it made, it decrypts."""
     import polyfhe
-    from polyfhe.program.engines import restore_client
+    restore_client = _tree_attr("restore_client", "polyfhe.program.engines", "polyfhe.fhe.backends")
 
     prog = polyfhe.load_program(program)
     with open(work / "context.bin", "rb") as f:
