@@ -105,6 +105,22 @@ def _trained_by_polyfhe(name: str):
     return result.normalization.prepend_to(result.model).eval()
 
 
+def _model_kwargs() -> dict:
+    """``--model-kwargs``: constructor arguments of the zoo models named by ``--model`` (e.g. a narrower width)."""
+    return json.loads(os.environ.get("POLYFHE_BENCH_MODEL_KWARGS", "{}"))
+
+
+def _insecure_params() -> dict:
+    """``--insecure-ring LOGN``: compile on an INSECURE ``[60, 40 x 7, 60]`` chain at N=2^LOGN that bootstraps on
+    its own ring, for deep programs whose 128-bit bootstrapping keys do not fit this machine (the deep recipe's
+    slow test does the same). Timings then compare trees, not what a 128-bit deployment costs."""
+    logn = os.environ.get("POLYFHE_BENCH_INSECURE_RING")
+    if not logn:
+        return {}
+    params = _tree_attr("CKKSParams", "polyfhe.program.params", "polyfhe.fhe.params")
+    return {"params": params(1 << int(logn), (60, *(40,) * 7, 60), 40, security="none"), "allow_insecure": True}
+
+
 def make_case(name: str, folder: Path, images: int) -> None:
     """Write ``model.pt`` (a pickled module: both trees load it without our model code), the calibration
     and test images of ``name`` to ``folder``. ``name``: a case, a zoo name, or a checkpoint folder."""
@@ -140,7 +156,7 @@ def make_case(name: str, folder: Path, images: int) -> None:
         from polyfhe.models.registry import create_model
 
         x, y, test = _fashion(6000, images)
-        model = create_model(name, num_classes=10, img_size=28, in_chans=1)
+        model = create_model(name, num_classes=10, img_size=28, in_chans=1, **_model_kwargs())
         model = train_briefly(model, torch.from_numpy(x), torch.from_numpy(y).long(), epochs=1)
         largest = _largest_logit(model, x[:1024])
         if not largest < SETTLED_LOGIT:  # deep BN recipes overflow in eval mode until their statistics settle
@@ -170,7 +186,7 @@ def stage_compile(folder: Path, out: Path, backend: str = "seal") -> dict:
     engine = {} if backend == "seal" else {"backend": backend}  # a baseline tree may predate engines
     start = time.perf_counter()
     prog = polyfhe.export(model, target="ckks", calibration=data["calibration"],
-                          input_shape=tuple(data["calibration"].shape[1:]), **engine)
+                          input_shape=tuple(data["calibration"].shape[1:]), **engine, **_insecure_params())
     seconds = time.perf_counter() - start
     prog.save(out)
     info = prog.manifest.info
@@ -485,7 +501,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default="HEAD~", help="git ref of the baseline tree, or 'none'")
     parser.add_argument("--baseline-images", type=int, default=2, help="images for the baseline (slow)")
     parser.add_argument("--backend", nargs="+", choices=("seal", "lattigo"), default=["seal"],
-                        help="engines to run this tree's programs on (the baseline runs on SEAL)")
+                        help="engines to run this tree's programs on")
+    parser.add_argument("--baseline-backend", choices=("seal", "lattigo"), default="seal",
+                        help="the engine the baseline runs on (default seal: older baselines predate engines)")
+    parser.add_argument("--model-kwargs", type=json.loads, default={}, metavar="JSON",
+                        help='constructor arguments of the --model zoo models, e.g. \'{"dims": [32]}\'')
+    parser.add_argument("--insecure-ring", type=int, metavar="LOGN",
+                        help="compile on an INSECURE N=2^LOGN chain that bootstraps on its own ring (deep models "
+                             "whose 128-bit bootstrapping keys do not fit this machine); both trees alike")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--warm", action="store_true",
                         help="servers encode the program's plaintexts before the first query (polyfhe serve --warm); "
@@ -495,6 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.warm:
         os.environ["POLYFHE_BENCH_WARM"] = "1"  # read by the server stages
+    if args.model_kwargs:
+        os.environ["POLYFHE_BENCH_MODEL_KWARGS"] = json.dumps(args.model_kwargs)
+    if args.insecure_ring:
+        os.environ["POLYFHE_BENCH_INSECURE_RING"] = str(args.insecure_ring)  # read by the compile stages
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.stage:
         kind, *rest = args.stage
@@ -508,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     info = machine_info()
     info["baseline"] = args.baseline
+    if args.insecure_ring:
+        info["insecure_ring"] = f"N=2^{args.insecure_ring}, security none (both trees)"
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         base = None if args.baseline == "none" else baseline_tree(args.baseline, Path(tmp) / "baseline")
@@ -520,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(measure(case, folder, None, args.images, backend))
                 if base is not None:
                     log.warning("%s: measuring the baseline on %d images", case, args.baseline_images)
-                    results.append(measure(case, folder, base, min(args.baseline_images, args.images)))
+                    results.append(measure(case, folder, base, min(args.baseline_images, args.images),
+                                           args.baseline_backend))
                 (args.out / "ckks_plans.json").write_text(json.dumps({"machine": info, "results": results}, indent=1))
         finally:
             if base is not None:
