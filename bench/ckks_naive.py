@@ -105,7 +105,7 @@ def _map_rows(program: Any) -> list[int]:
     for step in program.manifest.steps:
         sizes[step.out] = step.size
         if step.op == "linear":
-            rows.append(sum(sizes[t["input"]] for t in step.attrs["terms"]))
+            rows.append(sum(sizes[t.input] for t in step.terms))
     return rows
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from polyfhe.program.manifest import Step
+from polyfhe.program.steps import BootstrapAttrs
 
 __all__ = ["BootstrapError", "BootstrapPlan", "calibrated_ranges", "insert_bootstraps", "place_bootstraps",
            "refresh_slots", "register_levels"]
@@ -57,7 +58,7 @@ def _step_work(step: Step, sizes: dict[str, int]) -> float:
     """Work of a step in plaintext products per prime (a relinearisation counted as 20, like a key switch)."""
     if step.op != "linear":
         return 20.0
-    return float(sum(sizes.get(t["ks"], 1) for t in step.attrs["terms"]))
+    return float(sum(sizes.get(t.diagonals.ks, 1) for t in step.linear.terms))
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ def register_periods(steps: Sequence[Step], input_period: int) -> dict[int, int]
     periods = {0: input_period}
     for step in steps:
         if step.op == "linear":
-            periods[step.out] = int(step.attrs["period"])
+            periods[step.out] = int(step.linear.period)
         else:
             periods[step.out] = max(periods[r] for r in step.inputs)
     return periods
@@ -165,8 +166,8 @@ def insert_bootstraps(steps: Sequence[Step], plan: BootstrapPlan, ranges: dict[i
         centre = 0.5 * (lo + hi)
         half = max(0.5 * (hi - lo), 1e-12) * RANGE_MARGIN
         postscale = max(1, math.ceil(half))
-        attrs = {"slots": int(slots), "constant": float(-centre), "postscale": int(postscale),
-                 "range": [float(lo), float(hi)], "cut": int(refreshed_at[r])}
+        attrs = BootstrapAttrs(int(slots), float(-centre), int(postscale), (float(lo), float(hi)),
+                               int(refreshed_at[r]))
         out.append(Step("bootstrap", next_reg, (r,), 0, 0, attrs))
         copy_of[r] = next_reg
         emitted.add(r)
@@ -179,12 +180,7 @@ def insert_bootstraps(steps: Sequence[Step], plan: BootstrapPlan, ranges: dict[i
             if r in refreshed_at and refreshed_at[r] < step.level and r not in emitted:
                 bootstrap(r)
         mapping = {r: copy_of[r] for r in sources if r in copy_of and refreshed_at[r] < step.level}
-        attrs = step.attrs
-        if mapping and "terms" in attrs:
-            attrs = {**attrs, "terms": [{**t, "input": mapping.get(int(t["input"]), int(t["input"]))}
-                                        for t in attrs["terms"]]}
-        out.append(replace(step, inputs=tuple(mapping.get(r, r) for r in step.inputs), level=step.level - start,
-                           attrs=attrs))
+        out.append(replace(step.remapped(mapping), level=step.level - start))
     return out, copy_of
 
 

@@ -44,34 +44,35 @@ def plan_counters(steps: list[Step], arrays: dict[str, np.ndarray], galois_steps
         if step.op != "linear":
             key_switches += step.size if layout == "batch" else 1  # relinearisations
             continue
-        terms = step.attrs["terms"]
+        linear = step.linear
+        terms = linear.terms
         primes = _data_primes(params, step.level - 1)
         plain_bytes = params.poly_modulus_degree * primes * 8
         if layout == "batch":
-            count = sum(len(arrays[t["data"]]) for t in terms)
+            count = sum(len(arrays[t.rows.data]) for t in terms)
             products += count
             encodes += count
             continue
-        baby, period = int(step.attrs["baby"]), int(step.attrs["period"])
+        baby, period = int(linear.baby), int(linear.period)
         used: list[int] = []
         for term in terms:
-            ks = arrays[term["ks"]]
+            ks = arrays[term.diagonals.ks]
             for a in np.unique(ks % baby):
-                key = (term["input"], int(a), step.level - 1)
+                key = (term.input, int(a), step.level - 1)
                 if a and key not in cached:
                     cached.add(key)
                     used.append(int(a))
-        ks_all = np.concatenate([arrays[t["ks"]] for t in terms])
+        ks_all = np.concatenate([arrays[t.diagonals.ks] for t in terms])
         used += [int(g) for g in np.unique((ks_all // baby) * baby) if g]
-        used += [period << i for i in range(int(np.log2(int(step.attrs.get("space", slots)) // period)))]
+        used += [period << i for i in range(int(np.log2(linear.reduction_space(slots) // period)))]
         rotations += len(used)
         key_switches += sum(chain.switches(s) for s in used)
-        count = sum(len(arrays[t["ks"]]) for t in terms)
+        count = sum(len(arrays[t.diagonals.ks]) for t in terms)
         products += count
-        encodes += count + (1 if step.attrs.get("bias") else 0)
+        encodes += count + (1 if linear.bias else 0)
         plaintext_bytes += count * plain_bytes
-        if step.attrs.get("bias"):  # added after the rescale when giant sums are rescaled first
-            late = step.attrs.get("rescale_giants", False)
+        if linear.bias:  # added after the rescale when giant sums are rescaled first
+            late = bool(linear.rescale_giants)
             plaintext_bytes += params.poly_modulus_degree * _data_primes(params, step.level - (0 if late else 1)) * 8
     return {"rotations": rotations, "key_switches": key_switches, "plain_products": products,
             "encodes_cold": encodes, "plaintext_bytes": plaintext_bytes, **({"bootstraps": bootstraps} if bootstraps else {})}

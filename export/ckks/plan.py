@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, MatMulNode, MulN
 from polyfhe.exporters.ckks.cost import COMPOSED_COST, NEW_KEY_COST, ROTATION_COST
 from polyfhe.exporters.ckks.layout import FALLBACK, choose_layouts, nonzero, offsets, pow2_at_least
 from polyfhe.program.manifest import Step
+from polyfhe.program.steps import Diagonals, LinearAttrs, MatMulAttrs, MulAttrs, SparseRows, Term
 from polyfhe.runtime.rotations import choose_key_steps
 
 __all__ = ["Plan", "plan_batch", "plan_single"]
@@ -93,7 +94,7 @@ def _schedule(ks_list: list[np.ndarray], period: int, space: int, keys: Counter,
 
 
 def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, steps_used: Counter,
-                        layouts: dict[int, np.ndarray], periods: dict[int, int], max_keys: int | None) -> dict:
+                        layouts: dict[int, np.ndarray], periods: dict[int, int], max_keys: int | None) -> LinearAttrs:
     """Plan one map; ``periods[r]``: register r repeats every periods[r] slots (the input is replicated)."""
     slot_out = layouts[node.out]
     widest = max(int(slot_out.max()), *[int(layouts[r].max()) for r in node.inputs]) + 1
@@ -117,7 +118,7 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
     _, period, baby, steps = best
     terms = [_diagonals(r, c, v, period, periods[reg], space)
              for (r, c, v), reg in zip(triples, node.inputs, strict=True)]
-    attrs = {"period": period, "space": space, "baby": baby, "terms": [], "bias": None}
+    planned: list[Term] = []
     periods[node.out] = period
     tiles = slots // space
     for j, (ks, diags) in enumerate(terms):
@@ -127,19 +128,19 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
         name = f"s{index}.t{j}"
         arrays[f"{name}.diags"] = rolled
         arrays[f"{name}.ks"] = ks
-        attrs["terms"].append({"input": node.inputs[j], "diags": f"{name}.diags", "ks": f"{name}.ks"})
+        planned.append(Term(node.inputs[j], Diagonals(f"{name}.diags", f"{name}.ks")))
     steps_used.update(int(step) for step in steps)
+    bias = None
     if node.bias is not None:
-        bias = np.zeros(period)
-        bias[slot_out] = node.bias
-        bias = np.tile(bias, slots // period)  # the output repeats every ``period`` slots: so does its bias
-        arrays[f"s{index}.bias"] = bias
-        attrs["bias"] = f"s{index}.bias"
-    return attrs
+        values = np.zeros(period)
+        values[slot_out] = node.bias
+        bias = f"s{index}.bias"
+        arrays[bias] = np.tile(values, slots // period)  # the output repeats every ``period`` slots: so does its bias
+    return LinearAttrs(tuple(planned), bias, node.label, period=period, space=space, baby=baby)
 
 
-def _plan_linear_batch(node: LinearNode, index: int, arrays: dict) -> dict:
-    attrs = {"terms": [], "bias": None}
+def _plan_linear_batch(node: LinearNode, index: int, arrays: dict) -> LinearAttrs:
+    planned: list[Term] = []
     for j, matrix in enumerate(node.matrices):
         rows, cols, vals = nonzero(matrix)
         order = np.lexsort((cols, rows))
@@ -149,12 +150,12 @@ def _plan_linear_batch(node: LinearNode, index: int, arrays: dict) -> dict:
         arrays[f"{name}.data"] = vals
         arrays[f"{name}.indices"] = cols.astype(np.int64)
         arrays[f"{name}.indptr"] = indptr.astype(np.int64)
-        attrs["terms"].append({"input": node.inputs[j], "data": f"{name}.data", "indices": f"{name}.indices",
-                               "indptr": f"{name}.indptr"})
+        planned.append(Term(node.inputs[j], SparseRows(f"{name}.data", f"{name}.indices", f"{name}.indptr")))
+    bias = None
     if node.bias is not None:
-        arrays[f"s{index}.bias"] = node.bias
-        attrs["bias"] = f"s{index}.bias"
-    return attrs
+        bias = f"s{index}.bias"
+        arrays[bias] = node.bias
+    return LinearAttrs(tuple(planned), bias, node.label)
 
 
 def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None = None) -> Plan:
@@ -173,24 +174,24 @@ def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None
             attrs = (_plan_linear_single(node, slots, index, arrays, used, layouts, periods, max_galois_keys)
                      if layout == "single"
                      else _plan_linear_batch(node, index, arrays))
-            attrs["label"] = node.label
             steps.append(Step("linear", node.out, tuple(node.inputs), node.size, levels[node.out], attrs))
         elif isinstance(node, MulNode):
             if layout == "single":
                 periods[node.out] = max(periods[node.a], periods[node.b])
-            steps.append(Step("mul", node.out, (node.a, node.b), node.size, levels[node.out], {"label": node.label}))
+            steps.append(Step("mul", node.out, (node.a, node.b), node.size, levels[node.out],
+                              MulAttrs(node.label)))
         elif isinstance(node, MatMulNode):
             if layout != "batch":
                 raise LoweringError(f"{node.label}: a MatMul of two encrypted tensors is supported in "
                                     "layout='batch' only")
-            attrs = {"a_shape": list(node.a_shape), "b_shape": list(node.b_shape),
-                     "out_shape": list(node.out_shape), "label": node.label}
+            attrs = MatMulAttrs(tuple(int(d) for d in node.a_shape), tuple(int(d) for d in node.b_shape),
+                                tuple(int(d) for d in node.out_shape), node.label)
             steps.append(Step("matmul", node.out, (node.a, node.b), node.size, levels[node.out], attrs))
     stats = {
         "linear_maps": sum(s.op == "linear" for s in steps),
         "products": sum(s.op != "linear" for s in steps),
-        "plaintext_diagonals": int(sum(len(arrays[t["ks"]]) for s in steps for t in s.attrs.get("terms", [])
-                                       if "ks" in t)),
+        "plaintext_diagonals": int(sum(len(arrays[t.matrix.ks]) for s in steps for t in s.terms
+                                       if isinstance(t.matrix, Diagonals))),
         "rotation_steps": len(used),
     }
     if layout == "single":
@@ -248,9 +249,8 @@ def plan_single(circuit: Circuit, slots: int, max_galois_keys: int | None = None
         raise LoweringError(f"samples_per_ciphertext={samples_per_ciphertext}: accepted are powers of two up to "
                             f"{most} (the widest tensor needs {slots // most} of the {slots} slots)")
     plan = _plan(circuit, "single", slots // lanes, max_galois_keys)
-    for step in plan.steps:
-        if step.op == "linear":
-            step.attrs["rescale_giants"] = bool(rescale_giants)
+    plan.steps = [replace(s, attrs=replace(s.linear, rescale_giants=bool(rescale_giants))) if s.op == "linear" else s
+                  for s in plan.steps]
     plan.galois_steps = sorted(step * lanes for step in plan.galois_steps)
     plan.stats["samples_per_ciphertext"] = lanes
     plan.stats["virtual_slots"] = slots // lanes

@@ -9,12 +9,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
+from polyfhe.program.errors import ProgramError
 from polyfhe.program.params import CKKSParams
+from polyfhe.program.steps import Step
 
 __all__ = ["FORMAT", "ProgramError", "ProgramManifest", "Step", "compute_program_id"]
 
@@ -22,40 +25,6 @@ log = logging.getLogger(__name__)
 
 FORMAT = "polyfhe-ckks/1"
 LAYOUTS = ("single", "batch")
-
-
-class ProgramError(ValueError):
-    """A program directory is missing, malformed or does not match its id."""
-
-
-@dataclass(frozen=True)
-class Step:
-    """One instruction: ``op`` in {"linear", "mul", "matmul"}; ``level`` = rescales consumed once it is done."""
-
-    op: str
-    out: int
-    inputs: tuple[int, ...]
-    size: int
-    level: int
-    attrs: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return {"op": self.op, "out": self.out, "inputs": list(self.inputs), "size": self.size,
-                "level": self.level, "attrs": self.attrs}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Step:
-        return cls(str(d["op"]), int(d["out"]), tuple(int(i) for i in d["inputs"]), int(d["size"]),
-                   int(d["level"]), dict(d.get("attrs", {})))
-
-    def reads(self) -> list[int]:
-        """Registers this step reads: its inputs and its linear terms' inputs."""
-        return sorted({*self.inputs, *(int(t["input"]) for t in self.attrs.get("terms", []))})
-
-    def array_names(self) -> list[str]:
-        names = [t[k] for t in self.attrs.get("terms", []) for k in ("diags", "ks", "data", "indices", "indptr")
-                 if k in t]
-        return names + ([self.attrs["bias"]] if self.attrs.get("bias") else [])
 
 
 @dataclass(frozen=True)
@@ -125,6 +94,8 @@ class ProgramManifest:
                 output_slots=tuple(int(i) for i in d.get("output_slots", [])), samples_per_ciphertext=lanes,
                 backend=str(d.get("backend", "seal")), input_gather=gather,
             )
+        except ProgramError:
+            raise
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ProgramError(f"malformed program manifest: {type(exc).__name__}: {exc}") from exc
 
@@ -141,6 +112,38 @@ class ProgramManifest:
     @property
     def depth(self) -> int:
         return max((s.level for s in self.steps), default=0)
+
+    # typed views of the ``info`` entries other modules read (the JSON keeps ``info`` a free-form object)
+    @property
+    def model_name(self) -> str | None:
+        name = self.info.get("model_name")
+        return None if name is None else str(name)
+
+    @property
+    def degree(self) -> int | None:
+        """The model's polynomial degree, as the analyzer found it."""
+        degree = self.info.get("degree")
+        return None if degree is None else int(degree)
+
+    @property
+    def input_period(self) -> int:
+        """Single layout: the (virtual) slots the packed input repeats with; all virtual slots where unrecorded."""
+        return int(self.info.get("input_period", self.virtual_slots))
+
+    @property
+    def planned(self) -> Mapping[str, int]:
+        """Counts per query the compiler tallied (rotations, key switches, products, plaintext bytes...)."""
+        return self.info.get("planned") or {}
+
+    @property
+    def bootstrap_spec(self) -> dict | None:
+        """The bootstrapping parameters the program was compiled for (None: it does not bootstrap)."""
+        return (self.info.get("bootstrap") or {}).get("spec")
+
+    @property
+    def engine_info(self) -> Mapping[str, Any]:
+        """What the engine recorded when it lowered the program (``info[backend]``)."""
+        return self.info.get(self.backend) or {}
 
 
 def compute_program_id(manifest: ProgramManifest, arrays: dict[str, np.ndarray]) -> str:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from polyfhe.program.manifest import Step
+from polyfhe.program.steps import BootstrapAttrs
 from polyfhe.runtime.plaintexts import PlaintextKey
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class SlotOps(Protocol):
     def rescale(self, ct: Any) -> Any: ...
     def multiply(self, a: Any, b: Any) -> Any: ...  # ct x ct, relinearised, not rescaled
     def relin_rescale(self, ct: Any) -> Any: ...
-    # engines that bootstrap also provide: bootstrap(ct, attrs) -> a fresh ciphertext of the same values
+    # engines that bootstrap also provide: bootstrap(ct, BootstrapAttrs) -> a fresh ciphertext of the same values
 
 
 class NumpyOps:
@@ -110,9 +111,9 @@ class NumpyOps:
     def relin_rescale(self, ct):
         return ct
 
-    def bootstrap(self, ct, attrs):
+    def bootstrap(self, ct, attrs: BootstrapAttrs):
         """What the engine's sparse bootstrap returns: the first ``slots`` real slots, repeated over the ring."""
-        width = int(attrs["slots"])
+        width = attrs.slots
         head = np.asarray(ct)[..., :width]
         return np.tile(head, (1,) * (head.ndim - 1) + (self.slots // width,))
 
@@ -195,22 +196,22 @@ class _LinearWork:
 
     def __init__(self, step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> None:
         self.step, self.ops, self.arrays, self.run = step, ops, arrays, run
-        attrs = step.attrs
-        self.baby = int(attrs["baby"])
-        self.rescale_first = bool(attrs.get("rescale_giants", False))
+        attrs = self.attrs = step.linear
+        self.baby = int(attrs.baby)
+        self.rescale_first = bool(attrs.rescale_giants)
         self.target = step.level - 1
         self.groups: dict[int, list] = {}  # giant step g -> [(term index, rows)]: one rotation per g for all terms
         self.needed: dict = {}  # baby rotations this step needs that no earlier map made: key -> input register
-        for ti, term in enumerate(attrs["terms"]):
-            ks = arrays[term["ks"]]
+        for ti, term in enumerate(attrs.terms):
+            ks = arrays[term.diagonals.ks]
             for g in np.unique(ks // self.baby):
                 rows = np.nonzero(ks // self.baby == g)[0]
                 self.groups.setdefault(int(g), []).append((ti, rows))
                 for row in rows:
-                    key = (term["input"], int(ks[row] % self.baby), self.target)
+                    key = (term.input, int(ks[row] % self.baby), self.target)
                     if key not in run.cache:
-                        self.needed[key] = term["input"]
-        self.dropped = {r: ops.drop_to(regs[r], self.target) for r in {t["input"] for t in attrs["terms"]}}
+                        self.needed[key] = term.input
+        self.dropped = {r: ops.drop_to(regs[r], self.target) for r in {t.input for t in attrs.terms}}
 
     def rotate_baby(self, key):
         return self.dropped[key[0]] if key[1] == 0 else self.ops.rotate(self.dropped[key[0]], key[1])
@@ -225,10 +226,10 @@ class _LinearWork:
         step, ops, arrays, run = self.step, self.ops, self.arrays, self.run
         products = []
         for ti, rows in parts:
-            term = step.attrs["terms"][ti]
-            ks, diags = arrays[term["ks"]], arrays[term["diags"]]
+            term = self.attrs.terms[ti]
+            ks, diags = arrays[term.diagonals.ks], arrays[term.diagonals.diags]
             for row in rows:
-                rot = run.cache[(term["input"], int(ks[row] % self.baby), self.target)]
+                rot = run.cache[(term.input, int(ks[row] % self.baby), self.target)]
                 products.append((rot, diags[row], PlaintextKey.diagonal(step.out, ti, int(row))))
         inner = dot(ops, products)
         if self.rescale_first:  # a rescaled partial sum rotates over one prime fewer (a cheaper key switch)
@@ -236,16 +237,16 @@ class _LinearWork:
         return inner if g == 0 else ops.rotate(inner, g * self.baby)
 
     def finish(self, parts: list) -> Any:
-        ops, attrs = self.ops, self.step.attrs
+        ops, attrs = self.ops, self.attrs
         acc = None
         for part in parts:  # in giant-step order, as a single step sums them
             acc = ops.add(acc, part)
-        shift = int(attrs["period"])
-        while shift < int(attrs.get("space", ops.slots)):
+        shift = int(attrs.period)
+        while shift < attrs.reduction_space(ops.slots):
             acc = ops.add(acc, ops.rotate(acc, shift))
             shift *= 2
-        if attrs.get("bias"):
-            acc = ops.add_vector(acc, self.arrays[attrs["bias"]], PlaintextKey.bias(self.step.out))
+        if attrs.bias:
+            acc = ops.add_vector(acc, self.arrays[attrs.bias], PlaintextKey.bias(self.step.out))
         return acc if self.rescale_first else ops.rescale(acc)
 
 
@@ -277,7 +278,7 @@ def _single_bootstrap(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: R
     if refresh is None:
         raise ValueError("this program bootstraps, and the engine running it cannot (export it for "
                          "backend='lattigo')")
-    return refresh(regs[step.inputs[0]], step.attrs)
+    return refresh(regs[step.inputs[0]], step.bootstrap)
 
 
 def _single_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
@@ -292,11 +293,11 @@ def _single_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunCont
 def _batch_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> list:
     target = step.level - 1
     terms = [
-        ([ops.drop_to(ct, target) for ct in regs[t["input"]]], arrays[t["data"]], arrays[t["indices"]],
-         arrays[t["indptr"]])
-        for t in step.attrs["terms"]
+        ([ops.drop_to(ct, target) for ct in regs[t.input]], arrays[t.rows.data], arrays[t.rows.indices],
+         arrays[t.rows.indptr])
+        for t in step.linear.terms
     ]
-    bias = arrays[step.attrs["bias"]] if step.attrs.get("bias") else None
+    bias = arrays[step.linear.bias] if step.linear.bias else None
 
     def row(i: int) -> Any:
         acc = None
@@ -335,7 +336,8 @@ def _batch_matmul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunCo
     low = max(ops.level(a[0]), ops.level(b[0]))
     a = [ops.drop_to(x, low) for x in a]
     b = [ops.drop_to(x, low) for x in b]
-    a_idx, b_idx = matmul_indices(step.attrs["a_shape"], step.attrs["b_shape"], step.attrs["out_shape"])
+    mm = step.matmul
+    a_idx, b_idx = matmul_indices(mm.a_shape, mm.b_shape, mm.out_shape)
     out = []
     for ra, rb in zip(a_idx, b_idx, strict=True):
         acc = None
@@ -441,7 +443,7 @@ def pack_single(manifest, values: np.ndarray) -> np.ndarray:
     lanes, virtual = manifest.samples_per_ciphertext, manifest.virtual_slots
     if len(rows) > lanes:
         raise ValueError(f"{len(rows)} samples do not fit one ciphertext of this program ({lanes} per ciphertext)")
-    period = int(manifest.info.get("input_period", virtual))
+    period = manifest.input_period
     grid = np.zeros((lanes, period))
     gather = getattr(manifest, "input_gather", ())
     grid[: len(rows), list(manifest.input_slots)] = rows[:, list(gather)] if gather else rows

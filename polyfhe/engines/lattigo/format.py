@@ -87,7 +87,7 @@ def secret_weight(n: int) -> int:
 
 def bootstrap_spec(manifest) -> dict | None:
     """The manifest's bootstrapping spec, or None for a program that never bootstraps."""
-    return (manifest.info.get("bootstrap") or {}).get("spec")
+    return manifest.bootstrap_spec
 
 
 def evaluation_key_set(relin: bytes | None, galois: dict[int, bytes]) -> list[bytes]:
@@ -207,11 +207,10 @@ class LattigoScales:
 def _bootstrap_config(step, top: int) -> dict:
     """The evaluator's bootstrap node: shift by ``constant``, scale by ``1/postscale`` into [-1, 1] (one level),
     refresh ``slots`` slots, scale back by the integer ``postscale`` and shift back."""
-    a = step.attrs
-    post = int(a["postscale"])
-    return {"input_level": top, "input_min": float(a["range"][0]), "input_max": float(a["range"][1]),
-            "prescale": 1.0 / post, "postscale": float(post), "constant": float(a["constant"]),
-            "slots": int(a["slots"])}
+    a = step.bootstrap
+    return {"input_level": top, "input_min": a.range[0], "input_max": a.range[1],
+            "prescale": 1.0 / a.postscale, "postscale": float(a.postscale), "constant": a.constant,
+            "slots": a.slots}
 
 
 @dataclass
@@ -303,23 +302,23 @@ def lower_program(program, moduli: Sequence[int] | None = None) -> LattigoModel:
             continue
         if step.op != "linear":
             raise ValueError(f"step {i} ({step.op}) has no Lattigo lowering")
-        attrs = step.attrs
-        period, space, baby = int(attrs["period"]), int(attrs.get("space", virtual)), int(attrs["baby"])
+        attrs = step.linear
+        period, space, baby = int(attrs.period), attrs.reduction_space(virtual), int(attrs.baby)
         reduce = period < space
         doublings = int(math.log2(virtual // period)) if reduce else 0
         level = top - (step.level - 1)
-        terms = attrs["terms"]
-        chain = [scales.linear(tags[t["input"]], level) for t in terms]
-        if attrs.get("bias"):  # the evaluator adds the bias to the first term, before the terms are summed
+        terms = attrs.terms
+        chain = [scales.linear(tags[t.input], level) for t in terms]
+        if attrs.bias:  # the evaluator adds the bias to the first term, before the terms are summed
             chain.insert(1, scales.bias(chain[0]))
         out_tag, weights = _summed_term_weights(chain)
         counts["scale_corrections"] += sum(w != 1.0 for w in weights)
         worst_correction = max(worst_correction, *(abs(1.0 / w - 1.0) for w in weights))
-        bias_weight = weights.pop(1) if attrs.get("bias") else 1.0
+        bias_weight = weights.pop(1) if attrs.bias else 1.0
         parts = []
         for j, term in enumerate(terms):
-            ks = np.asarray(program.arrays[term["ks"]], dtype=np.int64)
-            diags = _plain_diagonals(ks, program.arrays[term["diags"]], baby) / weights[j]
+            ks = np.asarray(program.arrays[term.diagonals.ks], dtype=np.int64)
+            diags = _plain_diagonals(ks, program.arrays[term.diagonals.diags], baby) / weights[j]
             if reduce:  # keep the first ``space`` block: the evaluator's doublings sum every block
                 diags[:, space:] = 0.0
             real_ks = (ks * lanes) % slots
@@ -327,14 +326,14 @@ def lower_program(program, moduli: Sequence[int] | None = None) -> LattigoModel:
             log_ratio, giants, babies = _choose_ratio([int(k) for k in real_ks], slots, keys)
             keys |= {*giants, *babies}
             refs = {"diag_0_0": b.diagonal_blob(real_ks, real)}
-            if j == 0 and attrs.get("bias"):
-                bias = np.asarray(program.arrays[attrs["bias"]], dtype=np.float64)[:virtual] / bias_weight
+            if j == 0 and attrs.bias:
+                bias = np.asarray(program.arrays[attrs.bias], dtype=np.float64)[:virtual] / bias_weight
                 if reduce:
                     bias[period:] = 0.0
                 refs["bias_0"] = b.blob(np.repeat(bias, lanes).astype("<f8").tobytes())
             config = {"bsgs_ratio": float(2.0**log_ratio), "output_rotations": doublings, "num_input_cts": 1,
                       "num_output_cts": 1}
-            parts.append(b.node(f"s{i}t{j}", "linear_transform", [names[term["input"]]], level, 1, config, refs))
+            parts.append(b.node(f"s{i}t{j}", "linear_transform", [names[term.input]], level, 1, config, refs))
             counts["linear_transforms"] += 1
             counts["diagonals"] += len(ks)
             counts["giant_rotations"] += len(giants)

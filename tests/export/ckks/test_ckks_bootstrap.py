@@ -39,6 +39,7 @@ from polyfhe.program.bootparams import (
 )
 from polyfhe.program.manifest import Step
 from polyfhe.program.params import MAX_BITS_128, CKKSParams, ParameterError
+from polyfhe.program.steps import Diagonals, LinearAttrs, Term
 from polyfhe.runtime.execute import pack_single, run_plain
 
 LATTIGO = importlib.util.find_spec("lattigo") is not None
@@ -85,8 +86,8 @@ def _random_program(rng: np.random.Generator, depth: int) -> list[Step]:
     for level in range(1, depth + 1):
         if level % 2:
             sources = {made[-1][0]} | {r for r, lv in made if lv < level and rng.random() < 0.3}
-            terms = [{"input": r, "ks": f"k{reg}.{r}"} for r in sorted(sources)]
-            steps.append(Step("linear", reg, (), 4, level, {"terms": terms, "period": 16}))
+            terms = tuple(Term(r, Diagonals(f"d{reg}.{r}", f"k{reg}.{r}")) for r in sorted(sources))
+            steps.append(Step("linear", reg, (), 4, level, LinearAttrs(terms, period=16)))
         else:
             steps.append(Step("mul", reg, (made[-1][0], made[-1][0]), 4, level))
         made.append((reg, level))
@@ -133,7 +134,7 @@ def test_placement_is_the_fewest_bootstraps_and_fits_every_segment(seed):
     for step in placed:
         if step.op == "bootstrap":
             assert level[step.inputs[0]] <= budget - 1  # a level left for the scale-down into the bootstrap
-            segment[step.out] = plan.cuts.index(step.attrs["cut"]) + 1
+            segment[step.out] = plan.cuts.index(step.bootstrap.cut) + 1
         else:
             segment[step.out] = segment_of(original[step.out])
             for r in step.reads():  # only this segment's registers, or refreshed copies at the top of the chain
@@ -306,8 +307,8 @@ def test_bootstrapped_program_reports_its_placement_and_matches_torch_in_plain(d
     assert len(info["levels_left_after_segment"]) == len(info["cuts_after_level"]) + 1
     assert max(s.level for s in steps) <= prog.params.levels
     for step in (s for s in steps if s.op == "bootstrap"):
-        lo, hi = step.attrs["range"]
-        assert step.attrs["postscale"] >= 1 and lo <= -step.attrs["constant"] <= hi
+        lo, hi = step.bootstrap.range
+        assert step.bootstrap.postscale >= 1 and lo <= -step.bootstrap.constant <= hi
     x = digits()[2][:32]
     with torch.no_grad():
         ref = model(torch.tensor(x, dtype=torch.float32)).double().numpy()
