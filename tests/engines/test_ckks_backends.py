@@ -51,7 +51,7 @@ def test_manifest_names_its_backend_and_survives_a_round_trip(programs, tmp_path
 def test_only_an_engine_that_composes_rotations_gets_a_key_budget(monkeypatch):
     """SEAL composes a rotation without a key from power-of-two keys; Lattigo plans its own key set, so a
     key budget (and its composed-rotation fallback and warning) applies to SEAL programs only."""
-    import polyfhe.exporters.ckks as exporter
+    import polyfhe.exporters.ckks.passes.plan as exporter
 
     budgets = {}
 

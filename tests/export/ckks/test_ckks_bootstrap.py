@@ -373,7 +373,7 @@ def test_128_bit_bootstrapping_is_refused_within_a_24_gib_machine_saying_what_it
                                                                                        monkeypatch):
     """128-bit bootstrapping runs on N=2^16 only, and its key generation peaks near 24 GB: on CI's 24 GiB machine
     (default budget 75% of it) the export refuses, with the memory it needs and the setting that plans for more."""
-    import polyfhe.exporters.ckks as exporter
+    import polyfhe.exporters.ckks.passes.parameters as exporter
     from polyfhe.cli import main
     from polyfhe.exporters.onnx import export_onnx
 

@@ -1,0 +1,87 @@
+"""Pass ``bootstrap``: bootstrap steps at the plan's cheapest cuts, each scaled by its register's range.
+
+Reads ``plan``, ``circuit``, ``params``, ``boot_spec``, ``ranges`` and the options' ``calibration`` (plain runs
+of a few samples set each bootstrap's input range); writes ``plan`` and ``boot_info``. Nothing to do without a
+``boot_spec``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import replace
+
+from polyfhe.exporters.ckks.bootstrap import (
+    BootstrapError,
+    calibrated_ranges,
+    insert_bootstraps,
+    place_bootstraps,
+    refresh_slots,
+)
+from polyfhe.exporters.ckks.passes import Pass
+from polyfhe.exporters.ckks.passes.ranges import calibration_samples
+from polyfhe.exporters.ckks.state import CKKSExportError, CompileState
+from polyfhe.program.bootparams import bootstrap_key_bytes, bootstrap_modulus_bits, check_bootstrap_security
+from polyfhe.program.manifest import ProgramManifest
+from polyfhe.runtime.program import CKKSProgram
+
+__all__ = ["BOOTSTRAP_CALIBRATION_SAMPLES", "PASS", "program_manifest"]
+
+log = logging.getLogger(__name__)
+
+BOOTSTRAP_CALIBRATION_SAMPLES = 32  # plain runs that set the bootstraps' input ranges
+
+
+def program_manifest(state: CompileState, layout: str, input_range: tuple, info: dict) -> ProgramManifest:
+    """The manifest of ``state.plan`` on ``state.params``."""
+    plan, circuit = state.plan, state.circuit
+    return ProgramManifest(
+        layout=layout, params=state.params, input_shape=tuple(circuit.input_shape), input_size=circuit.input_size,
+        output_size=circuit.output_size, output=circuit.output, steps=tuple(plan.steps),
+        galois_steps=tuple(plan.galois_steps), input_range=input_range, info=info,
+        input_slots=plan.input_slots, output_slots=plan.output_slots,
+        samples_per_ciphertext=int(plan.stats.get("samples_per_ciphertext", 1)),
+        input_gather=() if circuit.input_gather is None or layout != "single"
+        else tuple(int(i) for i in circuit.input_gather),
+    )
+
+
+def _insert(state: CompileState) -> None:
+    plan, circuit, params, max_abs = state.plan, state.circuit, state.params, state.ranges.max_abs
+    lanes = int(plan.stats.get("samples_per_ciphertext", 1))
+    input_period = int(plan.stats.get("input_period", params.slots // lanes))
+    sizes = {name: len(arr) for name, arr in plan.arrays.items()}
+    placed = place_bootstraps(plan.steps, circuit.output, circuit.depth, params.levels, sizes)
+    width = refresh_slots(plan.steps, placed, input_period, lanes, params.slots)
+    spec = replace(state.boot_spec, log_slots=int(math.log2(width)))
+    refreshed = {r for regs in placed.refreshed for r in regs}
+    samples = calibration_samples(circuit, state.options.calibration)
+    if samples is None:
+        log.warning("bootstrapping without calibration samples: every refreshed value is assumed within "
+                    "+-%.3g; pass calibration=X for ranges fitted to the model", max_abs)
+        ranges = {r: (-max_abs, max_abs) for r in refreshed}
+    else:
+        manifest = program_manifest(state, "single", (0.0, 1.0), dict(plan.stats))
+        ranges = calibrated_ranges(CKKSProgram.create(manifest, plan.arrays),
+                                   samples[:BOOTSTRAP_CALIBRATION_SAMPLES], refreshed, width)
+    steps, _ = insert_bootstraps(plan.steps, placed, ranges, width)
+    # the real log QP (every Q and P prime as Lattigo generates them), not the planned bit sizes chains are made with
+    state.boot_info = {
+        **placed.to_info(), "spec": spec.to_dict(), "slots": width,
+        "modulus_bits": round(check_bootstrap_security(params, spec).log_qp, 3),
+        "planned_modulus_bits": bootstrap_modulus_bits(params, spec), "key_bytes": bootstrap_key_bytes(params, spec)}
+    log.info("bootstrapping: %d bootstrap(s) of %d slots after levels %s (%d levels needed, %d per segment)",
+             placed.count, width, list(placed.cuts), circuit.depth, params.levels)
+    state.plan = replace(plan, steps=steps)
+
+
+def run(state: CompileState) -> None:
+    if state.boot_spec is None:
+        return
+    try:
+        _insert(state)
+    except BootstrapError as exc:
+        raise CKKSExportError(f"{state.name}: {exc}") from exc
+
+
+PASS = Pass("bootstrap", run, ("plan", "boot_info"))

@@ -1,0 +1,67 @@
+"""Pass ``plan``: the per-layout plan (steps, plaintext arrays, Galois keys) of the circuit on the parameters.
+
+Reads ``circuit``, ``params``, ``boot_spec``, ``boot_memory`` and the options; writes ``plan``. A bootstrapped
+program takes as many samples per ciphertext as keep its (wider) bootstraps' key generation within memory.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from polyfhe.exporters.ckks.affine import LoweringError
+from polyfhe.exporters.ckks.circuit import Circuit
+from polyfhe.exporters.ckks.passes import Pass
+from polyfhe.exporters.ckks.plan import max_samples_per_ciphertext, plan_batch, plan_single
+from polyfhe.exporters.ckks.state import CKKSExportError, CompileState
+from polyfhe.program.bootparams import BootstrapSpec, max_refresh_log_slots
+from polyfhe.program.params import CKKSParams
+
+__all__ = ["PASS", "RESCALE_GIANTS_MIN_SCALE_BITS", "galois_key_bytes"]
+
+log = logging.getLogger(__name__)
+
+# At this scale and above, giant-step sums are rescaled before their rotation: cheaper key switches, and the
+# key-switching noise they then add at the working scale stays far below the error budget
+RESCALE_GIANTS_MIN_SCALE_BITS = 35
+
+
+def galois_key_bytes(params: CKKSParams) -> int:
+    """Serialized size of one Galois key (zstd-compressed, as SEAL writes it)."""
+    primes = len(params.coeff_mod_bits)
+    return int(2 * params.poly_modulus_degree * 8 * (primes - 1) * primes * 0.75)
+
+
+def bootstrap_lanes(circuit: Circuit, params: CKKSParams, spec: BootstrapSpec, memory_bytes: int | None) -> int:
+    """Samples per ciphertext for a bootstrapped program: as many as fit the slots, but no more than keep the
+    (wider) bootstrap's key generation within ``memory_bytes``; more lanes refresh more slots per bootstrap."""
+    try:
+        most = max_samples_per_ciphertext(circuit, params.slots)
+    except LoweringError as exc:
+        raise CKKSExportError(str(exc)) from exc
+    widest = params.slots // most
+    cap = max(1, (1 << max_refresh_log_slots(params, spec, memory_bytes)) // widest)
+    if cap < most:
+        log.info("bootstrapping: %d sample(s) per ciphertext instead of %d, so that the bootstrapping keys "
+                 "fit the memory budget", cap, most)
+    return min(most, cap)
+
+
+def run(state: CompileState) -> None:
+    options, params, circuit = state.options, state.params, state.circuit
+    lanes = options.samples_per_ciphertext
+    if state.boot_spec is not None and state.single and lanes is None:
+        lanes = bootstrap_lanes(circuit, params, state.boot_spec, state.boot_memory)
+    try:
+        max_keys = (max(2 * params.slots.bit_length(), options.galois_key_budget // galois_key_bytes(params))
+                    if state.engine.composes_rotations else None)
+        if not state.single and lanes not in (None, 1):
+            raise LoweringError("samples_per_ciphertext applies to layout='single'; the batch layout already "
+                                "holds one sample per slot")
+        state.plan = (plan_single(circuit, params.slots, max_keys, lanes,
+                                  rescale_giants=params.scale_bits >= RESCALE_GIANTS_MIN_SCALE_BITS)
+                      if state.single else plan_batch(circuit))
+    except LoweringError as exc:
+        raise CKKSExportError(f"{state.name}: {exc}") from exc
+
+
+PASS = Pass("plan", run, ("plan",))
