@@ -28,10 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # the real command line: start again with Lattigo's Go settings before any engine loads
-        from polyfhe.engines.lattigo.go_env import restart_with_go_env
+    if argv is None:  # the real command line: the engines' process settings (e.g. Go's) before any engine loads
+        from polyfhe.program.engines import prepare_process
 
-        restart_with_go_env()
+        prepare_process()
     parser = build_parser()
     args = parser.parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)

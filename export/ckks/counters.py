@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from polyfhe.engines.seal.ops import naf_terms
 from polyfhe.program.manifest import Step
 from polyfhe.program.params import CKKSParams
-from polyfhe.runtime.rotations import KeyChain
+from polyfhe.runtime.rotations import KeyChain, naf_terms
 
 __all__ = ["naf_weight", "plan_counters"]
 

@@ -15,13 +15,15 @@ from rich.console import Console
 from rich.table import Table
 
 from polyfhe.commands.arguments import positive_int
+from polyfhe.program.engines import BACKEND_NAMES, DEFAULT_BACKEND
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("cost", help="predict latency, key bytes and peak memory of a model under CKKS")
     p.add_argument("model", help="zoo model name (polyfhe models) or a compiled program folder")
     p.add_argument("--img-size", type=positive_int, help="input height and width (zoo models; default: the model's)")
-    p.add_argument("--backend", choices=("seal", "lattigo"), default="seal", help="CKKS engine (default: seal)")
+    p.add_argument("--backend", choices=BACKEND_NAMES, default=DEFAULT_BACKEND,
+                   help=f"CKKS engine (default: {DEFAULT_BACKEND})")
     p.add_argument("--method", choices=("auto", "compiled", "estimated"), default="auto",
                    help="compile the model here (exact counts) or estimate from a trace; auto compiles small "
                         "leveled models only")

@@ -145,16 +145,16 @@ def require_secure_models(registry: Any, allow_insecure: bool) -> None:
 
 
 def _warm(registry: Any) -> None:
-    """Encode each served CKKS program's plaintexts now (``polyfhe/engines/seal/prewarm.py``), saying what it took."""
-    from polyfhe.engines.seal.prewarm import warm_plaintexts
+    """Encode each served CKKS program's plaintexts now (its engine's ``warm_plaintexts``), saying what it took."""
+    from polyfhe.program.engines import warm_plaintexts
 
     for name in registry.names():
         program = registry.models[name].program
         if program.scheme != "ckks":
             continue
-        stats = warm_plaintexts(program)
-        print(f"warmed {name}: {stats.encoded} plaintexts encoded in {stats.seconds:.1f} s "
-              f"({stats.bytes / 1e9:.2f} GB held)", flush=True)
+        encoded, seconds, held = warm_plaintexts(program)
+        print(f"warmed {name}: {encoded} plaintexts encoded in {seconds:.1f} s ({held / 1e9:.2f} GB held)",
+              flush=True)
 
 
 def run(args: argparse.Namespace) -> int:

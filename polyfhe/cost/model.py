@@ -10,18 +10,17 @@ whose key generation alone needs 17+ GB.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from polyfhe.cost.workload import Workload
 from polyfhe.program.bootparams import (
     KEYGEN_PEAK_FACTOR,
-    LATTIGO_KEY_COPIES,
     BootstrapSpec,
     bootstrap_key_bytes,
     machine_memory_budget,
 )
+from polyfhe.program.engines import get_backend
 from polyfhe.program.params import CKKSParams, estimated_sizes
 from polyfhe.runtime.bootcost import (
     BOOTSTRAP_MEASUREMENTS,
@@ -41,21 +40,14 @@ from polyfhe.runtime.opcosts import (
 from polyfhe.runtime.plaintexts import DEFAULT_PLAINTEXT_BYTES
 
 __all__ = ["BOOTSTRAP_KEYGEN_SECONDS", "BOOTSTRAP_MEASUREMENTS", "CostPrediction", "bootstrap_key_switches",
-           "bootstrap_seconds", "bootstrap_site", "calibrate", "calibrated_costs", "key_bytes", "predict"]
+           "bootstrap_seconds", "bootstrap_site", "calibrate", "calibrated_costs", "eval_threads", "key_bytes", "predict",
+           "thread_speedup"]
 
 log = logging.getLogger(__name__)
 
 BOOTSTRAP_KEYGEN_SECONDS = (24.0, 40.0)  # bootstrapping key generation at N=2^16, same machine (range of runs)
-SEAL_PLAINTEXT_BUDGET = DEFAULT_PLAINTEXT_BYTES  # the SEAL server's plaintext store (``--plaintext-cache-mb``)
-# Server memory beyond the keys and plaintexts, measured factors (docs/ckks.md, "Memory"): Lattigo's key set is
-# held three times while the server starts (``LATTIGO_KEY_COPIES``); its container holds every diagonal as float64
-# once in Python and once in Go. SEAL keeps the public context bytes, the client's keys and the server's.
-LATTIGO_CONTAINER_COPIES = 2.0
-SEAL_KEY_COPIES = 2.0
-# What SEAL runs without the GIL (``seal_native.py``), spread over the executor's threads, and what each thread
-# past the first adds: cpolynext_fhe_bn at 28x28 took 22.5 s on one thread and 12.1 s on two (a 1.86x speedup)
-SEAL_PARALLEL_OPS = frozenset({"rotation", "plain_product", "add"})
-SEAL_THREAD_EFFICIENCY = 0.86
+PLAINTEXT_BUDGET = DEFAULT_PLAINTEXT_BYTES  # a server's plaintext store (``--plaintext-cache-mb``)
+BOOT_KEY_COPIES = 2.0  # the bootstrapping keys a server holds while it loads them
 
 
 @dataclass(frozen=True)
@@ -112,19 +104,18 @@ class CostPrediction:
 # calibration
 # --------------------------------------------------------------------------------------------------------------
 def _probe(engine: str) -> tuple[list, list]:
-    from polyfhe.cost.opbench import CALIBRATORS
+    from polyfhe.cost.opbench import calibrator
 
     logging.basicConfig(level=logging.WARNING)
-    return CALIBRATORS[engine]()
+    return calibrator(engine)()
 
 
 def calibrate(engine: str, *, isolated: bool = True) -> OpCosts:
     """Run the engine's microbenchmarks here and fit its constants (small, insecure rings: timings only).
     ``isolated``: in a fresh process, so the keys they make never raise the caller's peak memory."""
-    from polyfhe.cost.opbench import CALIBRATORS, measure_base_rss
+    from polyfhe.cost.opbench import calibrator, measure_base_rss
 
-    if engine not in CALIBRATORS:
-        raise ValueError(f"no calibration for backend {engine!r}; known: {sorted(CALIBRATORS)}")
+    probes_of = calibrator(engine)  # an engine without probes fails here, naming those with some
     log.warning("calibrating %s operation costs on this machine (once per machine and engine version)", engine)
     if isolated:
         import multiprocessing
@@ -132,7 +123,7 @@ def calibrate(engine: str, *, isolated: bool = True) -> OpCosts:
         with multiprocessing.get_context("spawn").Pool(1) as pool:
             probes, keys = pool.apply(_probe, (engine,))
     else:
-        probes, keys = CALIBRATORS[engine]()
+        probes, keys = probes_of()
     return fit_costs(engine, probes, machine_fingerprint(engine), base_rss_bytes=measure_base_rss(engine),
                      key_bytes=KeyBytesModel.fit(keys))
 
@@ -160,72 +151,81 @@ def _key_object(params: CKKSParams, digits: int) -> tuple[tuple[tuple[int, int],
 
 
 def key_bytes(costs: OpCosts, params: CKKSParams, galois_keys: int, relin: bool) -> int:
-    """Bytes of the public context: key-switching keys (one digit per ciphertext prime), SEAL's public key too."""
+    """Bytes of the public context: key-switching keys (one digit per ciphertext prime), and the public key on an
+    engine whose context carries one."""
     digits = len(params.coeff_mod_bits) - 1
     one = costs.key_bytes.bytes(*_key_object(params, digits))
-    public = costs.key_bytes.bytes(*_key_object(params, 1)) if costs.engine == "seal" else 0.0
+    with_public = get_backend(costs.engine).cost.public_key_in_context
+    public = costs.key_bytes.bytes(*_key_object(params, 1)) if with_public else 0.0
     return int((galois_keys + relin) * one + public)
 
 
-def seal_threads() -> int:
-    """Threads a SEAL evaluation on this machine keeps busy: the executor's (``POLYFHE_THREADS``, at most the
-    cores) when SEAL's kernels run without the GIL, else one."""
-    from polyfhe.engines.seal.native import native_available
-    from polyfhe.runtime.execute import default_threads
-
-    return max(1, min(default_threads(), os.cpu_count() or 1)) if native_available() else 1
+def eval_threads(engine: str) -> int:
+    """Threads an evaluation on ``engine`` keeps busy on this machine (the engine's own count; else one)."""
+    threads = get_backend(engine).cost.threads
+    return 1 if threads is None else threads()
 
 
-def thread_speedup(threads: int) -> float:
-    return 1.0 + SEAL_THREAD_EFFICIENCY * (max(1, threads) - 1)
+def thread_speedup(threads: int, efficiency: float) -> float:
+    """Speed of the operations an evaluation spreads over ``threads``, each past the first adding ``efficiency``."""
+    return 1.0 + efficiency * (max(1, threads) - 1)
+
+
+def _plaintext_room(workload: Workload, encodes: dict, room: int) -> tuple[float, dict]:
+    """(bytes held, encodes repeated every query) of a plaintext store with ``room`` bytes: it keeps what fits;
+    the rest is encoded again on every run."""
+    if workload.plaintext_bytes <= room:
+        return workload.plaintext_bytes, {}
+    share = 1.0 - room / workload.plaintext_bytes
+    return room, {s: c * share for s, c in encodes.items()}
+
+
+def _server_bytes(workload: Workload, costs: OpCosts, keys: int, live: int, boot_keys: int) -> float:
+    """A running server's memory beyond its plaintexts: base process, key copies, weight containers, ciphertexts."""
+    traits, params = get_backend(workload.engine).cost, workload.params
+    decoded = estimated_sizes(params, workload.galois_keys + workload.relin)["public_context"]
+    container = workload.plaintexts * params.slots * 8
+    return (costs.base_rss_bytes + traits.key_copies * keys + traits.decoded_key_copies * decoded
+            + traits.container_copies * container + live + BOOT_KEY_COPIES * boot_keys)
 
 
 def predict(workload: Workload, costs: OpCosts, *, machine_bytes: int | None = -1,
-            plaintext_budget: int = SEAL_PLAINTEXT_BUDGET, threads: int | None = None) -> CostPrediction:
+            plaintext_budget: int = PLAINTEXT_BUDGET, threads: int | None = None) -> CostPrediction:
     """Seconds and bytes of ``workload`` with this machine's ``costs`` (``machine_bytes`` -1: this machine's).
 
-    ``threads``: SEAL threads per evaluation (None: :func:`seal_threads`); the costs are one thread's."""
+    ``threads``: threads per evaluation on an engine that spreads operations over threads (None:
+    :func:`eval_threads`); the costs are one thread's."""
     if costs.engine != workload.engine:
         raise ValueError(f"costs of {costs.engine!r} cannot price a {workload.engine!r} workload")
-    params = workload.params
+    traits, params = get_backend(workload.engine).cost, workload.params
     machine = machine_memory_budget(0.9) if machine_bytes == -1 else machine_bytes
     warm = {s: c for s, c in workload.tally.items() if s.op != "encode"}
     encodes = {s: c for s, c in workload.tally.items() if s.op == "encode"}
     keys = key_bytes(costs, params, workload.galois_keys, workload.relin)
     live = workload.live_ciphertexts * estimated_sizes(params, 0)["ciphertext"]
+    boot_keys = bootstrap_key_bytes(params, BootstrapSpec.from_dict(workload.boot_spec)) if workload.boot_spec else 0
+    others = _server_bytes(workload, costs, keys, live, boot_keys)
     held, re_encoded = workload.plaintext_bytes, {}
-    if workload.engine == "seal":
-        in_memory = estimated_sizes(params, workload.galois_keys + workload.relin)["public_context"]
-        others = costs.base_rss_bytes + keys + SEAL_KEY_COPIES * in_memory + live
-        # the store stops at its budget, and earlier where the machine's memory runs short (plaintexts.py)
+    if not traits.encodes_at_load:  # the store stops at its budget, and earlier where memory runs short
         room = plaintext_budget if machine is None else min(plaintext_budget, max(0, machine - others))
-        if workload.plaintext_bytes > room:
-            held = room  # the store keeps what fits; the rest is encoded again on every run
-            share = 1.0 - room / workload.plaintext_bytes
-            re_encoded = {s: c * share for s, c in encodes.items()}
+        held, re_encoded = _plaintext_room(workload, encodes, room)
     boot_one = bootstrap_seconds(costs, workload.boot_spec, params)
     by_op = costs.by_op(merge(warm, re_encoded))
-    if workload.engine == "seal":  # giant steps (single layout) and rows (batch) share the cores
-        speedup = thread_speedup(seal_threads() if threads is None else threads)
-        by_op = {op: s / speedup if op in SEAL_PARALLEL_OPS else s for op, s in by_op.items()}
+    if traits.parallel_ops:  # e.g. giant steps (single layout) and rows (batch) share the cores
+        speedup = thread_speedup(eval_threads(workload.engine) if threads is None else threads,
+                                 traits.thread_efficiency)
+        by_op = {op: s / speedup if op in traits.parallel_ops else s for op, s in by_op.items()}
     if workload.bootstraps:
         by_op["bootstrap"] = boot_one * workload.bootstraps
     eval_s = sum(by_op.values())
-    if workload.engine == "lattigo":  # the evaluator encodes every diagonal when it loads the model
+    if traits.encodes_at_load:  # loading the program encodes every plaintext
         setup_s, cold_s = costs.seconds(encodes), eval_s
-    else:  # SEAL's store encodes each plaintext on first use: the first query pays them
+    else:  # the store encodes each plaintext on first use: the first query pays them
         setup_s, cold_s = 0.0, eval_s - costs.seconds(re_encoded) + costs.seconds(encodes)
-    boot_keys = bootstrap_key_bytes(params, BootstrapSpec.from_dict(workload.boot_spec)) if workload.boot_spec else 0
-    if workload.engine == "lattigo":
-        container = workload.plaintexts * params.slots * 8
-        peak = (costs.base_rss_bytes + LATTIGO_KEY_COPIES * keys + held + LATTIGO_CONTAINER_COPIES * container
-                + live + 2 * boot_keys)
-    else:
-        peak = others + held
     return CostPrediction(
         engine=workload.engine, source=workload.source, params=params, samples=workload.samples,
         eval_seconds=eval_s, cold_seconds=cold_s, setup_seconds=setup_s, bootstrap_seconds=boot_one, key_bytes=keys,
-        bootstrap_key_bytes=boot_keys, plaintext_bytes=int(held), live_bytes=int(live), peak_bytes=int(peak),
-        keygen_peak_bytes=int(KEYGEN_PEAK_FACTOR * boot_keys), machine_bytes=machine, by_op=by_op,
-        counters=dict(workload.counters), galois_keys=workload.galois_keys, bootstraps=workload.bootstraps,
-        notes=workload.notes)
+        bootstrap_key_bytes=boot_keys, plaintext_bytes=int(held), live_bytes=int(live),
+        peak_bytes=int(others + held), keygen_peak_bytes=int(KEYGEN_PEAK_FACTOR * boot_keys), machine_bytes=machine,
+        by_op=by_op, counters=dict(workload.counters), galois_keys=workload.galois_keys,
+        bootstraps=workload.bootstraps, notes=workload.notes)

@@ -2,7 +2,8 @@
 
 Two ways to get it:
 
-* **compiled** (:func:`program_workload`): from a compiled program's steps, exactly as the engine runs them (SEAL:
+* **compiled** (:func:`program_workload`): from a compiled program's steps, counted by the engine's record
+  (``Backend.workload``, in ``polyfhe/engines/<engine>/tally.py``) exactly as the engine runs them (SEAL:
   the executor's BSGS schedule, whose rotation and product counts are the manifest's ``info.planned``; Lattigo:
   the evaluator's container, hoisted baby steps apart from giant steps). Every site carries the primes of the
   level it runs at. ``encode`` sites are the plaintexts a cold server encodes: SEAL on the first query, Lattigo
@@ -23,234 +24,29 @@ from __future__ import annotations
 
 import logging
 import math
-import struct
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from polyfhe.engines.seal.native import dot_available
+from polyfhe.program.engines import BACKEND_NAMES, get_backend
 from polyfhe.program.params import CKKSParams
 from polyfhe.runtime.opcosts import OpSite, Tally, merge
-from polyfhe.runtime.rotations import KeyChain
+from polyfhe.runtime.workload_types import Workload, data_primes, empty_counters
 
-__all__ = ["COMPILED_TALLIES", "TracedModel", "Workload", "data_primes", "program_workload", "trace_model",
+__all__ = ["TracedModel", "Workload", "data_primes", "program_workload", "trace_model",
            "traced_workload"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Workload:
-    """One evaluation (one query): operation sites and counts, plus what memory depends on.
-
-    ``tally`` excludes bootstraps (``bootstraps`` of ``boot_spec``); ``encodes`` are the plaintexts a cold run
-    encodes (``plaintext_bytes`` all of them held at their levels); ``live_ciphertexts`` the most ciphertexts
-    (registers, rotated copies) held at once; ``samples`` the images one evaluation serves.
-    """
-
-    engine: str
-    source: str  # "compiled" or "estimated"
-    params: CKKSParams
-    tally: Tally
-    galois_keys: int
-    relin: bool
-    plaintexts: int
-    plaintext_bytes: int
-    live_ciphertexts: int
-    samples: int = 1
-    bootstraps: int = 0
-    boot_spec: dict | None = None
-    counters: dict = field(default_factory=dict)  # rotations, key switches, products, encodes (as info.planned)
-    notes: tuple[str, ...] = ()
-
-    @property
-    def depth(self) -> int:
-        return self.params.levels
-
-
-def data_primes(params: CKKSParams, level: int) -> int:
-    """Primes of a ciphertext after ``level`` rescales (special prime excluded)."""
-    return len(params.coeff_mod_bits) - 1 - level
-
-
-def _ct_bytes(params: CKKSParams, primes: int) -> int:
-    return 2 * params.poly_modulus_degree * primes * 8
-
-
-# --------------------------------------------------------------------------------------------------------------
-# compiled programs: SEAL (polyfhe's executor)
-# --------------------------------------------------------------------------------------------------------------
-def _seal_single(program) -> tuple[Tally, dict, int]:
-    m = program.manifest
-    params, arrays = m.params, program.arrays
-    n, lanes = params.poly_modulus_degree, m.samples_per_ciphertext
-    slots = params.slots // lanes
-    chain = KeyChain([g // lanes for g in m.galois_steps], slots)  # rotations without a key: chains of keys
-    tally: Tally = {}
-    counters = dict.fromkeys(("rotations", "key_switches", "plain_products", "encodes_cold"), 0)
-    cached: set[tuple[int, int, int]] = set()
-    live, peak = {0}, 1
-    fused = dot_available()
-    last = {r: i for i, s in enumerate(m.steps) for r in s.reads()}
-
-    def add(site: OpSite, count: float = 1.0) -> None:
-        if count:
-            tally[site] = tally.get(site, 0.0) + count
-
-    def rotate(steps: list[int], primes: int) -> None:
-        for s in steps:
-            ks = chain.switches(s)
-            counters["rotations"] += 1
-            counters["key_switches"] += ks
-            add(OpSite("rotation", n, primes, primes), ks)
-            add(OpSite("add", n, primes))
-
-    for index, step in enumerate(m.steps):
-        if step.op == "mul":
-            p = data_primes(params, step.level - 1)
-            add(OpSite("ct_product", n, p, p))
-            add(OpSite("rescale", n, p))
-            counters["key_switches"] += 1
-        elif step.op == "linear":
-            attrs, target = step.attrs, step.level - 1
-            p = data_primes(params, target)
-            late = bool(attrs.get("rescale_giants", False))
-            baby, period = int(attrs["baby"]), int(attrs["period"])
-            babies, count = [], 0
-            for term in attrs["terms"]:
-                ks = arrays[term["ks"]]
-                count += len(ks)
-                for a in np.unique(ks % baby):
-                    key = (term["input"], int(a), target)
-                    if a and key not in cached:
-                        cached.add(key)
-                        babies.append(int(a))
-            ks_all = np.concatenate([arrays[t["ks"]] for t in attrs["terms"]])
-            giants = [int(g) for g in np.unique((ks_all // baby) * baby)]
-            doublings = [period << i for i in range(int(math.log2(int(attrs.get("space", slots)) // period)))]
-            rotate(babies, p)
-            rotate([g for g in giants if g], p - late)
-            rotate(doublings, p - late)
-            add(OpSite("plain_product", n, p), count)
-            # the dot kernel sums a giant step's products itself (its probe times them with their sum): then
-            # only the giant steps' partial sums are additions of their own
-            add(OpSite("add", n, p), len(giants) if fused else count)
-            add(OpSite("rescale", n, p), len(giants) if late else 1)
-            counters["plain_products"] += count
-            counters["encodes_cold"] += count + (1 if attrs.get("bias") else 0)
-            add(OpSite("encode", n, p), count + (1 if attrs.get("bias") else 0))
-            peak = max(peak, len(live) + len(babies) + 2)
-        elif step.op != "bootstrap":
-            raise ValueError(f"step {index} ({step.op}) has no SEAL single-layout tally")
-        live.add(step.out)
-        live -= {r for r in list(live) if last.get(r, -1) <= index and r != m.output}
-    return tally, counters, peak
-
-
-def _seal_batch(program) -> tuple[Tally, dict, int]:
-    m = program.manifest
-    params, arrays, n = m.params, program.arrays, m.params.poly_modulus_degree
-    tally: Tally = {}
-    counters = dict.fromkeys(("rotations", "key_switches", "plain_products", "encodes_cold"), 0)
-    peak = 0
-    sizes = {0: m.input_size}
-    for step in m.steps:
-        p = data_primes(params, step.level - 1)
-        sizes[step.out] = step.size
-        if step.op == "linear":
-            count = sum(len(arrays[t["data"]]) for t in step.attrs["terms"])
-            counters["plain_products"] += count
-            counters["encodes_cold"] += count
-            tally = merge(tally, {OpSite("encode", n, p): count, OpSite("plain_product", n, p): count,
-                                  OpSite("add", n, p): count, OpSite("rescale", n, p): step.size})
-        else:
-            a_shape = step.attrs.get("a_shape")
-            products = step.size * (int(a_shape[-1]) if step.op == "matmul" else 1)
-            counters["key_switches"] += step.size
-            tally = merge(tally, {OpSite("ct_product", n, p, p): products, OpSite("rescale", n, p): step.size})
-        peak = max(peak, sum(sizes[r] for r in step.reads()) + step.size)
-    return tally, counters, peak
-
-
-def _seal_workload(program) -> Workload:
-    m = program.manifest
-    tally, counters, live = (_seal_single if m.layout == "single" else _seal_batch)(program)
-    planned = m.info.get("planned", {})
-    return Workload("seal", "compiled", m.params, tally, galois_keys=len(m.galois_steps),
-                    relin=any(s.op in ("mul", "matmul") for s in m.steps), plaintexts=counters["encodes_cold"],
-                    plaintext_bytes=int(planned.get("plaintext_bytes", 0)), live_ciphertexts=live,
-                    samples=m.samples_per_ciphertext if m.layout == "single" else m.params.slots,
-                    counters=counters)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# compiled programs: Lattigo (the evaluator's container)
-# --------------------------------------------------------------------------------------------------------------
-def _lattigo_workload(program) -> Workload:
-    from polyfhe.cost.opbench import transform_tally
-    from polyfhe.engines.lattigo.format import (
-        bootstrap_spec,
-        bsgs_rotations,
-        lower_program,
-        parse_container,
-    )
-
-    m = program.manifest
-    params, n = m.params, m.params.poly_modulus_degree
-    header, blobs = parse_container(lower_program(program).data)
-    tally: Tally = {OpSite("io", n, params.levels + 1): 1.0}
-    plaintexts = plain_bytes = bootstraps = 0
-    counters = dict.fromkeys(("rotations", "key_switches", "plain_products", "encodes_cold"), 0)
-    consumers: dict[str, int] = {}
-    for edge in header["graph"]["edges"]:
-        consumers[edge["src"]] = consumers.get(edge["src"], 0) + 1
-    live, peak = 1, 1
-    for node in header["graph"]["nodes"]:
-        op, primes = node["op"], int(node["level"]) + 1
-        if op == "linear_transform":
-            raw = blobs[node["blob_refs"]["diag_0_0"]]
-            (count,) = struct.unpack_from("<I", raw)
-            ks = np.frombuffer(raw, "<i4", count, 4)
-            log_ratio = round(math.log2(float(node["config"]["bsgs_ratio"])))
-            giants, babies = bsgs_rotations([int(k) for k in ks], params.slots, log_ratio)
-            doublings = int(node["config"]["output_rotations"])
-            tally = merge(tally, transform_tally(n, primes, count, len(giants), len(babies)),
-                          {OpSite("rotation", n, primes - 1, primes - 1): doublings,
-                           OpSite("add", n, primes - 1): doublings + ("bias_0" in node["blob_refs"]),
-                           OpSite("encode", n, primes): float("bias_0" in node["blob_refs"])})
-            counters["rotations"] += len(giants) + len(babies) + doublings
-            counters["key_switches"] += len(giants) + len(babies) + doublings
-            counters["plain_products"] += count
-            held = count + ("bias_0" in node["blob_refs"])
-            plaintexts += held
-            plain_bytes += held * n * (primes + 1) * 8  # each at its level plus the special prime
-            peak = max(peak, live + len(babies) + 2)
-        elif op in ("quad", "mult"):
-            tally = merge(tally, {OpSite("ct_product", n, primes, primes): 1.0, OpSite("rescale", n, primes): 1.0})
-            counters["key_switches"] += 1
-        elif op == "add":
-            tally = merge(tally, {OpSite("add", n, primes): 1.0})
-        elif op == "bootstrap":
-            bootstraps += 1
-        live += 1 if consumers.get(node["name"]) else 0
-        peak = max(peak, live)
-    counters["encodes_cold"] = plaintexts
-    return Workload("lattigo", "compiled", params, tally, galois_keys=len(m.galois_steps),
-                    relin=any(s.op == "mul" for s in m.steps), plaintexts=plaintexts, plaintext_bytes=plain_bytes,
-                    live_ciphertexts=peak, samples=m.samples_per_ciphertext, bootstraps=bootstraps,
-                    boot_spec=bootstrap_spec(m), counters=counters)
-
-
-COMPILED_TALLIES: dict[str, Callable[..., Workload]] = {"seal": _seal_workload, "lattigo": _lattigo_workload}
-
-
 def program_workload(program) -> Workload:
-    """The workload of a compiled program on the engine its manifest names."""
+    """The workload of a compiled program, counted by the engine its manifest names."""
     engine = program.manifest.backend
-    if engine not in COMPILED_TALLIES:
-        raise ValueError(f"no workload tally for backend {engine!r}; known: {sorted(COMPILED_TALLIES)}")
-    return COMPILED_TALLIES[engine](program)
+    tally = get_backend(engine).workload
+    if tally is None:
+        known = sorted(name for name in BACKEND_NAMES if get_backend(name).workload is not None)
+        raise ValueError(f"no workload tally for backend {engine!r}; known: {known}")
+    return tally(program)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -423,18 +219,28 @@ def _bsgs(products: int, n_in: int, n_out: int) -> tuple[int, int]:
     return n_in * (b - 1), n_out * (g - 1)
 
 
+def _diagonal_method(n: int, p: int, products: int, giants: int, babies: int, n_in: int, n_out: int) -> Tally:
+    """An estimated linear map as polyfhe's executor runs it: a product, an addition and an encode per diagonal,
+    a key-switched rotation per baby and giant step, a rescale per output ciphertext."""
+    site = {"plain_product": products, "add": products, "rescale": n_out}
+    return merge({OpSite(k, n, p): v for k, v in site.items()},
+                 {OpSite("rotation", n, p, p): babies + giants, OpSite("encode", n, p): products})
+
+
 def traced_workload(traced: TracedModel, engine: str, params: CKKSParams, *, bootstrap_slots: int | None = None,
                     samples: int = 1) -> Workload:
     """The estimated workload of a traced model on ``params`` (a residual chain when ``bootstrap_slots`` is set:
     the model's levels then wrap around it, a bootstrap wherever a register crosses a cut)."""
-    from polyfhe.cost.opbench import transform_tally
     from polyfhe.program.bootparams import bootstraps_needed, default_spec
+
+    traits = get_backend(engine).cost
+    linear_tally = traits.traced_linear or _diagonal_method
 
     n, slots, top = params.poly_modulus_degree, params.slots, params.levels
     scale = (top / max(1, traced.depth)) if bootstrap_slots is None else 1.0
     tally: Tally = {}
     keys: dict[tuple[int, int, int], int] = {}
-    counters = dict.fromkeys(("rotations", "key_switches", "plain_products", "encodes_cold"), 0)
+    counters = empty_counters()
     plaintexts = plain_bytes = 0
     segment = top - 1 if bootstrap_slots else top
 
@@ -451,18 +257,12 @@ def traced_workload(traced: TracedModel, engine: str, params: CKKSParams, *, boo
             products = max(n_in, n_out, math.ceil(op.nonzeros / shortest))
             babies, giants = _bsgs(products, n_in, n_out)
             keys[(products // max(1, n_in * n_out), n_in, n_out)] = babies // n_in + giants // n_out
-            site = {"plain_product": products, "add": products, "rescale": n_out}
-            if engine == "lattigo":
-                tally = merge(tally, transform_tally(n, p, products, giants, babies), {OpSite("add", n, p): products})
-                tally[OpSite("transform", n, p, p)] = tally.get(OpSite("transform", n, p, p), 0) + max(n_in, n_out) - 1
-            else:
-                tally = merge(tally, {OpSite(k, n, p): v for k, v in site.items()},
-                              {OpSite("rotation", n, p, p): babies + giants, OpSite("encode", n, p): products})
+            tally = merge(tally, linear_tally(n, p, products, giants, babies, n_in, n_out))
             counters["rotations"] += babies + giants
             counters["key_switches"] += babies + giants
             counters["plain_products"] += products
             plaintexts += products
-            plain_bytes += products * n * (p + (engine == "lattigo")) * 8
+            plain_bytes += products * n * (p + traits.special_primes_in_plaintexts) * 8
             peak = max(peak, live + n_in * 2 + n_out)
         elif op.kind == "product":
             tally = merge(tally, {OpSite("ct_product", n, p, p): n_out, OpSite("rescale", n, p): n_out})

@@ -6,7 +6,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Backend", "BackendUnavailable", "ClientProtocol", "KeySetTooLarge", "ServerProtocol"]
+__all__ = ["Backend", "BackendUnavailable", "ClientProtocol", "CostTraits", "EngineRefusal", "KeySetTooLarge",
+           "ServerProtocol"]
+
+
+class EngineRefusal(RuntimeError):
+    """An engine refused an operation on these values (which may be a client's: keys, ciphertexts); a server
+    answers it as a refused evaluation, not as its own bug. ``operation``: what was refused; ``reason``: why."""
+
+    def __init__(self, message: str, operation: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.operation, self.reason = operation, reason
 
 
 class BackendUnavailable(ImportError):
@@ -38,6 +48,26 @@ class ServerProtocol(Protocol):
     last_run: Any  # polyfhe.engines.seal.server.RunStats
 
     def run(self, data: bytes) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class CostTraits:
+    """How an engine runs a program, as far as :mod:`polyfhe.cost.model` prices it (the costs are one thread's)."""
+
+    public_key_in_context: bool = False  # the public context carries a public key beside the key-switching keys
+    # the server encodes every plaintext when it loads a program; otherwise a plaintext store encodes each on
+    # first use (the first query pays) and holds what fits its budget (the rest is encoded again every query)
+    encodes_at_load: bool = False
+    special_primes_in_plaintexts: int = 0  # primes a held plaintext spans beyond its level's
+    parallel_ops: frozenset[str] = frozenset()  # operations an evaluation spreads over its threads
+    threads: Callable[[], int] | None = None  # threads an evaluation keeps busy here; None: one
+    thread_efficiency: float = 0.0  # what each thread past the first adds to ``parallel_ops``' speed
+    key_copies: float = 1.0  # copies of the serialized key set a running server holds
+    decoded_key_copies: float = 0.0  # copies of the decoded (uncompressed) public context it holds
+    container_copies: float = 0.0  # copies of every weight as float64 (a model container) it holds
+    # the tally of one estimated linear map (ring, primes, products, giant, baby rotations, input and output
+    # ciphertexts) when the engine runs it its own way; None: the executor's diagonal method
+    traced_linear: Callable[..., dict] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,3 +104,16 @@ class Backend:
     # else changes its speed on this build (e.g. SEAL's dot kernel on or off), as "name=value" text
     distributions: tuple[str, ...] = ()
     build_notes: Callable[[], str] | None = None
+    # bits kept free below the 128-bit bound when the compiler picks primes (the engine's primes may lie above
+    # 2^bits)
+    reserve_bits: int = 0
+    # compiled program -> its Workload (polyfhe.runtime.workload_types), counted as this engine runs it
+    workload: Callable[[Any], Any] | None = None
+    # the calibration microbenchmarks: () -> (probes, key observations) (polyfhe.runtime.opcosts)
+    probes: Callable[[], tuple[list, list]] | None = None
+    # Python statements that load the engine's server side: a fresh process running them measures its base memory
+    server_imports: str = ""
+    cost: CostTraits = CostTraits()
+    # encode a program's plaintexts before its first query (returns stats with encoded, seconds, bytes); None:
+    # the engine encodes them when it loads the program
+    warm_plaintexts: Callable[[Any], Any] | None = None

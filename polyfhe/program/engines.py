@@ -15,14 +15,17 @@ from typing import Any
 
 from polyfhe.program.engine_api import Backend, BackendUnavailable, KeySetTooLarge
 
-__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "KeySetTooLarge", "client_for", "get_backend",
-           "list_backends", "restore_client"]
+__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "KeySetTooLarge", "client_for",
+           "get_backend", "list_backends", "prepare_process", "restore_client", "warm_plaintexts"]
 
 # name -> module defining ``BACKEND``; imported on first use so a missing engine only fails when it is asked for
 _MODULES = {"seal": "polyfhe.engines.seal.engine", "lattigo": "polyfhe.engines.lattigo.engine"}
 BACKEND_NAMES = tuple(_MODULES)
 DEFAULT_BACKEND = "seal"  # see docs/ckks.md ("Engines") for the measurement behind this choice
 _LOADED: dict[str, Backend] = {}
+# name -> (module, function) a command-line entry point runs before any engine loads: settings an engine's native
+# libraries read only when the process starts (Lattigo: Go's collector); small modules, apart from the records
+_PROCESS_START = {"lattigo": ("polyfhe.engines.lattigo.go_env", "restart_with_go_env")}
 
 
 def get_backend(name: str) -> Backend:
@@ -32,6 +35,12 @@ def get_backend(name: str) -> Backend:
     if name not in _LOADED:
         _LOADED[name] = importlib.import_module(_MODULES[name]).BACKEND
     return _LOADED[name]
+
+
+def prepare_process() -> None:
+    """Each engine's process-start step (it may restart the process with settings added, once)."""
+    for module_name, function in _PROCESS_START.values():
+        getattr(importlib.import_module(module_name), function)()
 
 
 def client_for(manifest, **kwargs):
@@ -74,3 +83,13 @@ def decoded_context_bytes(program, upload: int) -> int:
         return upload  # Concrete ML's evaluation keys travel as they sit in memory
     measure = get_backend(program.manifest.backend).decoded_context_bytes
     return upload if measure is None else measure(program, upload)
+
+
+def warm_plaintexts(program) -> tuple[int, float, int]:
+    """Encode a CKKS program's plaintexts before its first query where its engine encodes them on first use:
+    (plaintexts encoded, seconds, bytes held); (0, 0.0, 0) where the engine encodes them as it loads the program."""
+    warm = get_backend(program.manifest.backend).warm_plaintexts
+    if warm is None:
+        return 0, 0.0, 0
+    stats = warm(program)
+    return stats.encoded, stats.seconds, stats.bytes

@@ -24,7 +24,8 @@ import logging
 import math
 import os
 import platform
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -34,8 +35,9 @@ import numpy as np
 from polyfhe.program.engines import get_backend
 
 __all__ = [
-    "CALIBRATION_VERSION", "OPS", "KeyBytesModel", "OpCosts", "OpSite", "Probe", "Tally", "cache_dir", "cache_path", "engine_version",
-    "fit_costs", "machine_fingerprint", "merge", "read_cached", "write_cached",
+    "CALIBRATION_VERSION", "OPS", "KeyBytesModel", "KeyObservation", "OpCosts", "OpSite", "Probe", "Tally",
+    "best_seconds", "cache_dir", "cache_path", "engine_version", "fit_costs", "key_observation",
+    "machine_fingerprint", "merge", "read_cached", "write_cached",
 ]
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,26 @@ class Probe:
     def from_dict(cls, d: dict) -> Probe:
         tally = {OpSite(str(o), int(n), int(p), int(dg), int(sp)): float(c) for o, n, p, dg, sp, c in d["tally"]}
         return cls(str(d["name"]), tally, float(d["seconds"]))
+
+
+KeyObservation = tuple[tuple[tuple[int, int], ...], int, int]  # ((bits, coefficients) per prime), polys, bytes
+
+
+def key_observation(ring: int, bits: tuple[int, ...], digits: int, polys_per_digit: int, size: int
+                    ) -> KeyObservation:
+    """A key of ``digits`` digits, each ``polys_per_digit`` polynomials over every prime in ``bits``."""
+    coeffs = ring * digits * polys_per_digit
+    return tuple((b, coeffs) for b in bits), digits * polys_per_digit * len(bits), size
+
+
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The fastest of ``repeats`` calls: on a shared machine the slower ones measure the other jobs."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
 
 @dataclass(frozen=True)

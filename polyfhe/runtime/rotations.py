@@ -15,7 +15,19 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-__all__ = ["KeyChain", "choose_key_steps", "power_of_two_steps"]
+__all__ = ["KeyChain", "choose_key_steps", "naf_terms", "power_of_two_steps"]
+
+
+def naf_terms(value: int) -> list[int]:
+    """Signed powers of two of the non-adjacent form of ``value``, as SEAL's ``util::naf`` lists them."""
+    sign, value, out, i = value < 0, abs(int(value)), [], 0
+    while value:
+        digit = 2 - (value & 3) if value & 1 else 0
+        value = (value - digit) >> 1
+        if digit:
+            out.append((-digit if sign else digit) << i)
+        i += 1
+    return out
 
 
 def power_of_two_steps(slots: int) -> set[int]:

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from polyfhe.program.engine_api import EngineRefusal
 from polyfhe.program.wire import WireError
 from polyfhe.serve.errors import ApiError
 
@@ -26,22 +27,13 @@ __all__ = ["Host", "SessionHandle", "ThreadHost", "refusal"]
 log = logging.getLogger(__name__)
 
 
-def _seal_call_error() -> type[BaseException] | None:
-    try:
-        from polyfhe.engines.seal.errors import SealCallError
-    except ImportError:
-        return None
-    return SealCallError
-
-
 def refusal(exc: BaseException, stage: str) -> ApiError | None:
     """The HTTP refusal for an engine's exception while ``stage`` ("context" or "ciphertext") was handled, or
     ``None`` for an exception the client's bytes cannot explain (a server bug: 500). Never quotes input bytes."""
-    call_error = _seal_call_error()
     if isinstance(exc, WireError):
         what = "public context" if stage == "context" else "ciphertext"
         return ApiError(400, f"bad_{stage}", f"the {what} was refused: {exc}")
-    if call_error is not None and isinstance(exc, call_error):
+    if isinstance(exc, EngineRefusal):
         return ApiError(422, "evaluation_refused", "the engine refused to evaluate this input with this "
                         f"session's keys ({exc}); keys made by polyfhe's client never do this: open a new session "
                         "with a public context from client.public_context()")

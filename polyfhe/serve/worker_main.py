@@ -199,14 +199,14 @@ class _Worker:
 
 def _warm(registry: Any) -> list[dict]:
     """Each CKKS program's plaintexts encoded now: (name, encoded, seconds, bytes) per program."""
-    from polyfhe.engines.seal.prewarm import warm_plaintexts
+    from polyfhe.program.engines import warm_plaintexts
 
     out = []
     for name in registry.names():
         program = registry.models[name].program
         if program.scheme == "ckks":
-            stats = warm_plaintexts(program)
-            out.append({"name": name, "encoded": stats.encoded, "seconds": stats.seconds, "bytes": stats.bytes})
+            encoded, seconds, held = warm_plaintexts(program)
+            out.append({"name": name, "encoded": encoded, "seconds": seconds, "bytes": held})
     return out
 
 

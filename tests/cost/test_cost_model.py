@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from ckks_testlib import digits, digits_mlp, square_cnn
 
-from polyfhe.cost.model import SEAL_PARALLEL_OPS, predict, thread_speedup
+from polyfhe.cost.model import predict, thread_speedup
 from polyfhe.cost.workload import Workload, program_workload, trace_model
+from polyfhe.program.engines import get_backend
 from polyfhe.program.params import CKKSParams
 from polyfhe.runtime import opcosts
 from polyfhe.runtime.opcosts import KeyBytesModel, OpCosts, OpSite, Probe, fit_costs, machine_fingerprint
@@ -143,10 +144,12 @@ def test_seal_threads_share_rotations_products_and_additions_only():
     work = _small_workload("seal", 3, samples=4)
     one = predict(work, costs, machine_bytes=None, threads=1)
     two = predict(work, costs, machine_bytes=None, threads=2)
-    speedup = thread_speedup(2)
+    traits = get_backend("seal").cost
+    speedup = thread_speedup(2, traits.thread_efficiency)
     assert 1.5 < speedup < 2.0
+    assert traits.parallel_ops == {"rotation", "plain_product", "add"}
     for op, seconds in one.by_op.items():
-        shared = op in SEAL_PARALLEL_OPS
+        shared = op in traits.parallel_ops
         assert two.by_op[op] == pytest.approx(seconds / speedup if shared else seconds), op
     assert two.eval_seconds == pytest.approx(sum(two.by_op.values())) and two.eval_seconds < one.eval_seconds
     lattigo = _small_workload("lattigo", 3, samples=4)

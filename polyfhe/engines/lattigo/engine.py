@@ -38,7 +38,12 @@ from polyfhe.engines.lattigo.keybytes import (
     check_ciphertext,
     check_evaluation_keys,
 )
-from polyfhe.program.bootparams import BootstrapSpec, bootstrap_key_bytes, check_bootstrap_security
+from polyfhe.program.bootparams import (
+    LATTIGO_KEY_COPIES,
+    BootstrapSpec,
+    bootstrap_key_bytes,
+    check_bootstrap_security,
+)
 from polyfhe.program.boundary import (
     DEFAULT_MAX_CIPHERTEXT_BYTES,
     DEFAULT_MAX_CONTEXT_BYTES,
@@ -53,7 +58,7 @@ from polyfhe.program.boundary import (
     open_query,
     pack_result,
 )
-from polyfhe.program.engine_api import Backend, BackendUnavailable, KeySetTooLarge
+from polyfhe.program.engine_api import Backend, BackendUnavailable, CostTraits, KeySetTooLarge
 from polyfhe.program.params import MAX_BITS_128, ParameterError, estimated_sizes
 from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, WireError, pack, unpack
 from polyfhe.runtime.execute import pack_single, unpack_single
@@ -475,6 +480,36 @@ class LattigoServer:
         return pack_result(self.program, [outs[0]], samples, backend=NAME)
 
 
+def _workload(program):
+    from polyfhe.engines.lattigo.tally import compiled_workload
+
+    return compiled_workload(program)
+
+
+def _traced_linear(*args: int):
+    from polyfhe.engines.lattigo.tally import traced_linear
+
+    return traced_linear(*args)
+
+
+def _probes():
+    from polyfhe.engines.lattigo.probes import lattigo_probes
+
+    return lattigo_probes(_client_lib(), _evaluator_lib())
+
+
+# what a fresh server process loads before any key: its resident memory is the server's base
+SERVER_IMPORTS = ("import polyfhe.runtime.execute; from polyfhe.engines.lattigo import engine as l; "
+                  "l._client_lib(); l._evaluator_lib()")
+# The evaluator encodes every diagonal when it loads the model, each over its level's primes and the special prime.
+# A server holds the key set three times while it starts, and every diagonal as float64 twice (once in Python,
+# once in Go) in its container (docs/benchmarks.md, "Memory").
+COST = CostTraits(encodes_at_load=True, special_primes_in_plaintexts=1, key_copies=float(LATTIGO_KEY_COPIES),
+                  container_copies=2.0, traced_linear=_traced_linear)
+# Lattigo's primes lie up to a few millionths of a bit above 2^bits: the 128-bit bound is kept with a bit to spare
+RESERVE_BITS = 1
+
 BACKEND = Backend(NAME, "Lattigo v6 (hoisted BSGS) through the orion-v2 wheels", ("single",), _available, _prepare,
                   LattigoClient, LattigoServer, composes_rotations=False, bootstraps=True,
-                  distributions=("orion-v2-lattigo", "orion-v2-evaluator"))
+                  distributions=("orion-v2-lattigo", "orion-v2-evaluator"), reserve_bits=RESERVE_BITS,
+                  workload=_workload, probes=_probes, server_imports=SERVER_IMPORTS, cost=COST)

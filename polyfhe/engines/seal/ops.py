@@ -17,7 +17,7 @@ from polyfhe.runtime.plaintexts import (
     PlaintextStore,
     store_with_budget,
 )
-from polyfhe.runtime.rotations import KeyChain
+from polyfhe.runtime.rotations import KeyChain, naf_terms
 
 __all__ = ["COUNTERS", "DEFAULT_CACHE_BYTES", "SealOps", "naf_terms", "rotation_key_switches"]
 
@@ -36,18 +36,6 @@ COUNTERS = (
     "scalar_encodes",  # the scalars among them (batch layout weights and biases: never stored)
     "plaintext_hits",  # plaintext diagonals and biases the store already held (or another thread encoded)
 )
-
-def naf_terms(value: int) -> list[int]:
-    """Signed powers of two of the non-adjacent form of ``value``, as SEAL's ``util::naf`` lists them."""
-    sign, value, out, i = value < 0, abs(int(value)), [], 0
-    while value:
-        digit = 2 - (value & 3) if value & 1 else 0
-        value = (value - digit) >> 1
-        if digit:
-            out.append((-digit if sign else digit) << i)
-        i += 1
-    return out
-
 
 def rotation_key_switches(step: int, slots: int, has_key: Callable[[int], bool]) -> int:
     """Key switches SEAL's ``rotate_vector`` spends on ``step``: 1 with a Galois key of its own, else it rotates
