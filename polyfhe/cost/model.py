@@ -32,6 +32,7 @@ from polyfhe.runtime.opcosts import (
     KeyBytesModel,
     OpCosts,
     fit_costs,
+    key_observation,
     machine_fingerprint,
     merge,
     read_cached,
@@ -145,9 +146,10 @@ def calibrated_costs(engine: str, *, directory: Path | None = None, recalibrate:
 # prediction
 # --------------------------------------------------------------------------------------------------------------
 def _key_object(params: CKKSParams, digits: int) -> tuple[tuple[tuple[int, int], ...], int]:
-    """(bits, coefficients) per prime and polynomials of a key of ``digits`` digits over every prime."""
-    coeffs = params.poly_modulus_degree * digits * 2
-    return tuple((b, coeffs) for b in params.coeff_mod_bits), digits * 2 * len(params.coeff_mod_bits)
+    """(bits, coefficients) per prime and polynomials of a key of ``digits`` two-polynomial digits over every
+    prime: what :class:`~polyfhe.runtime.opcosts.KeyBytesModel` prices."""
+    primes, polys, _ = key_observation(params.poly_modulus_degree, params.coeff_mod_bits, digits, 2, 0)
+    return primes, polys
 
 
 def key_bytes(costs: OpCosts, params: CKKSParams, galois_keys: int, relin: bool) -> int:

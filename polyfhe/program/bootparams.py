@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from polyfhe.program.params import MAX_BITS_128, CKKSParams, ParameterError
+from polyfhe.program.sizes import key_switching_key_bytes
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ def bootstrap_key_bytes(params: CKKSParams, spec: BootstrapSpec) -> int:
     q = len(params.coeff_mod_bits) - 1 + CIRCUIT_PRIMES
     p = len(spec.logp)
     digits = -(-q // p)
-    return bootstrap_galois_keys(spec.log_slots) * digits * 2 * (1 << spec.logn) * (q + p) * 8
+    return bootstrap_galois_keys(spec.log_slots) * key_switching_key_bytes(1 << spec.logn, digits, q + p)
 
 
 def special_primes(params: CKKSParams, logn: int = 16) -> tuple[int, ...]:

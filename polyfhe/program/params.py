@@ -12,6 +12,8 @@ import logging
 import math
 from dataclasses import asdict, dataclass
 
+from polyfhe.program.sizes import ciphertext_bytes, key_switching_key_bytes
+
 __all__ = [
     "DEFAULT_MIN_SCALE_BITS", "MAX_BITS_128", "CKKSParams", "InsecureParametersError", "ParameterError",
     "choose_params", "fingerprint_params", "largest_value", "max_levels", "require_secure", "security_bits_ok",
@@ -198,7 +200,7 @@ def estimated_sizes(params: CKKSParams, galois_keys: int) -> dict[str, int]:
     A key-switching key (one relinearisation key, or one Galois key) holds a ciphertext per data prime.
     """
     n, primes = params.poly_modulus_degree, len(params.coeff_mod_bits)
-    key = (primes - 1) * 2 * n * primes * 8
-    public_key = 2 * n * primes * 8
+    key = key_switching_key_bytes(n, primes - 1, primes)
+    public_key = ciphertext_bytes(n, primes)
     return {"public_key": public_key, "relin_keys": key, "galois_keys": galois_keys * key,
-            "public_context": (galois_keys + 1) * key + public_key, "ciphertext": 2 * n * (primes - 1) * 8}
+            "public_context": (galois_keys + 1) * key + public_key, "ciphertext": ciphertext_bytes(n, primes - 1)}

@@ -34,6 +34,7 @@ import numpy as np
 
 from polyfhe.program.rns_scan import scan_buffer
 from polyfhe.program.rns_scan import scan_polynomial as rns_scan_polynomial
+from polyfhe.program.sizes import ciphertext_bytes, key_switching_key_bytes, poly_bytes
 from polyfhe.program.wire import WireError
 
 __all__ = ["SealLayout", "SerializationError", "decoded_context_bytes", "expected_bytes", "inflate_into",
@@ -176,7 +177,7 @@ class SealLayout:
         return np.full(primes, MAX_MODULUS, dtype=np.uint64)
 
     def ciphertext_bytes(self, primes: int) -> int:
-        return CT_MEMBERS + DYNARRAY_PREFIX + 2 * self.n * primes * 8
+        return ciphertext_bytes(self.n, primes, framing=CT_MEMBERS + DYNARRAY_PREFIX)
 
     @property
     def public_key_bytes(self) -> int:
@@ -187,7 +188,9 @@ class SealLayout:
         return self.key_primes - 1  # one key per ciphertext prime; the special prime is the last
 
     def kswitch_bytes(self, rows: int, filled: int) -> int:
-        return KSWITCH_PREFIX + 8 * rows + filled * self.decomposition * (HEADER.size + self.public_key_bytes)
+        one = key_switching_key_bytes(self.n, self.decomposition, self.key_primes,
+                                      digit_framing=HEADER.size + CT_MEMBERS + DYNARRAY_PREFIX)
+        return KSWITCH_PREFIX + 8 * rows + filled * one
 
     def galois_bytes(self, elements: int) -> int:
         return self.kswitch_bytes(self.n, elements)
@@ -198,7 +201,7 @@ class SealLayout:
 
     @property
     def secret_key_bytes(self) -> int:
-        return PLAINTEXT_MEMBERS + DYNARRAY_PREFIX + self.n * self.key_primes * 8
+        return PLAINTEXT_MEMBERS + DYNARRAY_PREFIX + poly_bytes(self.n, self.key_primes)
 
 
 def expected_bytes(layout: SealLayout, kind: str, galois_elements: int = 0) -> int:
