@@ -28,9 +28,8 @@ from polyfhe.exporters.ckks.layout import (
 
 __all__ = ["COMPOSED_COST", "NEW_KEY_COST", "ROTATION_COST", "circuit_cost", "map_cost", "term_diagonals"]
 
-# A key switch in plaintext products. Measured with SEAL's own products (N=16384: ~30 ms vs ~1.5 ms); with the
-# dot kernel a product costs ~0.4 ms (docs/ckks.md), but 60 plans user_monet, monet_fhe_bn and cpolynext_fhe_bn
-# identically (same diagonals, steps and keys), and a constant keeps programs the same on every machine.
+# A key switch in plaintext products: a constant, not this machine's measured ratio, so that a model compiles to
+# the same program on every machine
 ROTATION_COST = 20.0
 NEW_KEY_COST = 0.5  # a new Galois key (upload, key generation), in key switches: reuse beats a fresh step
 COMPOSED_COST = 4.0  # a step past the key budget is composed of ~3 key switches on every use, in key switches

@@ -33,7 +33,8 @@ from polyfhe.exporters.ckks.affine import (
 from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
 from polyfhe.exporters.ckks.cost import map_cost, term_diagonals
 from polyfhe.exporters.ckks.layout import UNBOUNDED_SLOTS, input_packing
-from polyfhe.ort_providers import inference_session  # the probe stays on CPU: its values feed the compiler
+from polyfhe.exporters.ckks.probe import fix_batch_axis, probe_values
+from polyfhe.exporters.ckks.sites import factoring_sites, shift_sites
 
 __all__ = ["factoring_sites", "lower_onnx", "shift_sites"]
 
@@ -45,66 +46,13 @@ CHECKPOINT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 
 
-def _fix_batch_axis(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A symbolic leading (batch) axis of the input becomes 1: one ciphertext program serves one sample."""
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    init = {t.name for t in model.graph.initializer}
-    for info in [*model.graph.input, *model.graph.output]:
-        if info.name in init or not info.type.tensor_type.HasField("shape"):
-            continue
-        dims = info.type.tensor_type.shape.dim
-        if dims and not dims[0].HasField("dim_value"):
-            dims[0].dim_value = 1
-    for info in model.graph.value_info:
-        info.type.tensor_type.ClearField("shape")  # re-inferred from the fixed input shape
-    return model
-
-
-def _probe(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Concrete values (hence shapes) of every value: run onnxruntime once on zeros with all intermediates exposed.
-
-    Static shape inference gives up on shapes computed through Shape/Gather/Concat chains (the TorchScript
-    exporter emits many); one real run cannot.
-    """
-    import onnxruntime as ort
-
-    probe = onnx.ModelProto.FromString(model.SerializeToString())
-    known = {o.name for o in probe.graph.output}
-    for node in probe.graph.node:
-        for out in node.output:
-            if out and out not in known:
-                probe.graph.output.append(onnx.ValueInfoProto(name=out))
-                known.add(out)
-    init = {t.name for t in probe.graph.initializer}
-    feeds = {}
-    for info in probe.graph.input:
-        if info.name in init:
-            continue
-        dims = info.type.tensor_type.shape.dim
-        if not all(d.HasField("dim_value") for d in dims):
-            raise LoweringError(f"input {info.name!r} needs a static shape; export with a fixed input_shape")
-        elem = onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
-        feeds[info.name] = np.zeros([d.dim_value for d in dims], dtype=elem)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    try:
-        session = inference_session(probe.SerializeToString(), options, device="cpu")
-        values = session.run(None, feeds)
-    except Exception as exc:
-        raise LoweringError(f"onnxruntime could not run the model to find its shapes: {exc}") from exc
-    probed = dict(zip([o.name for o in probe.graph.output], values, strict=True))
-    probed.update(feeds)
-    return probed
-
-
 class _Lowering:
     def __init__(self, model: onnx.ModelProto, factored: frozenset[str] = frozenset()) -> None:
-        model = _fix_batch_axis(model)
+        model = fix_batch_axis(model)
         self.factored = factored  # names of spatial convolutions computed as registers of their own
         self.model = model
         self.folder = ConstantFolder(model)
-        self.probed = _probe(model)  # values for zero input: exact for constants, shapes for everything
+        self.probed = probe_values(model)  # values for zero input: exact for constants, shapes for everything
         self.shapes = {name: tuple(np.shape(v)) for name, v in self.probed.items()}
         self.env: dict[str, AffineExpr] = {}
         init = {t.name for t in model.graph.initializer}
@@ -507,72 +455,6 @@ def _identity_register(form: AffineExpr, size: int, sizes: dict[int, int]) -> in
             and np.all(arr.diagonal() == 1.0):
         return reg
     return None
-
-
-def factoring_sites(model: onnx.ModelProto) -> list[str]:
-    """Convolutions worth computing on their own at the price of a level: grouped (depthwise) ones with a
-    spatial kernel. Merged into the channel maps around them, each of their taps multiplies those maps'
-    diagonals; on their own they cost a diagonal per tap."""
-    weights = {t.name: tuple(t.dims) for t in model.graph.initializer}
-    sites = []
-    for index, node in enumerate(model.graph.node):
-        if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in weights:
-            continue
-        dims = weights[node.input[1]]
-        if int(attributes(node).get("group", 1)) > 1 and int(np.prod(dims[2:])) > 1:
-            sites.append(node.name or f"{node.op_type}_{index}")
-    return sites
-
-
-_DATA_MOVEMENT = frozenset({"Slice", "Concat", "Identity"})
-
-
-def _slice_axes(node: onnx.NodeProto, producer: dict, initializers: dict) -> tuple[int, ...] | str:
-    """The axes a Slice cuts (its ``axes`` input when constant; otherwise a name of its own, so that two
-    such slices count as different axes)."""
-    if len(node.input) < 4 or not node.input[3]:
-        return f"every axis of {node.name}"
-    name = node.input[3]
-    if name in initializers:
-        return tuple(int(a) for a in onnx.numpy_helper.to_array(initializers[name]).reshape(-1))
-    parent = producer.get(name)
-    if parent is not None and parent.op_type == "Constant" and parent.attribute:
-        return tuple(int(a) for a in onnx.numpy_helper.to_array(parent.attribute[0].t).reshape(-1))
-    return f"axes {name}"
-
-
-def shift_sites(model: onnx.ModelProto) -> list[str]:
-    """Nodes whose output a spatial shift moves: a Concat of slices of one tensor taken along more than one
-    axis (MONet's shift slices channel groups and one spatial axis per group). Merged, the shift multiplies
-    the diagonals of the channel map that made its input by its token offsets (a 64-channel map becomes 640
-    diagonals); with that input a register of its own, the shift is a few masked diagonals and one level."""
-    producer = {out: node for node in model.graph.node for out in node.output}
-    constants = {t.name: t for t in model.graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    sites: list[str] = []
-    for node in model.graph.node:
-        if node.op_type != "Concat" or all(c.op_type == "Concat" for c in consumers.get(node.output[0], [])):
-            continue  # only the outermost Concat of a data-movement subgraph
-        sources, axes, stack = set(), set(), [node]
-        while stack:
-            current = stack.pop()
-            data = list(current.input) if current.op_type == "Concat" else list(current.input[:1])
-            for name in data:
-                parent = producer.get(name)
-                if parent is not None and parent.op_type in _DATA_MOVEMENT:
-                    stack.append(parent)
-                    if parent.op_type == "Slice":
-                        axes.add(_slice_axes(parent, producer, constants))
-                elif name not in constants and (parent is None or parent.op_type != "Constant"):
-                    sources.add(name)
-        if len(sources) == 1 and len(axes) > 1:
-            source = producer.get(next(iter(sources)))
-            if source is not None and source.name not in sites:
-                sites.append(source.name)
-    return sites
 
 
 def lower_onnx(model: onnx.ModelProto, factored: frozenset[str] = frozenset()) -> Circuit:

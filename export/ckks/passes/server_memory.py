@@ -8,8 +8,8 @@ those sites, or the refusal when they were tried already (or there are none).
 
 from __future__ import annotations
 
-from polyfhe.exporters.ckks.lower import factoring_sites, shift_sites
 from polyfhe.exporters.ckks.passes import Pass
+from polyfhe.exporters.ckks.sites import factoring_sites, shift_sites
 from polyfhe.exporters.ckks.state import CKKSExportError, CompileState, SpendForMemory
 from polyfhe.program.params import CKKSParams
 
