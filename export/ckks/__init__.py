@@ -18,7 +18,6 @@ from polyfhe.exporters.ckks.pipeline import PASSES, compile_model
 from polyfhe.exporters.ckks.state import (
     BATCH_MEMORY_BUDGET,
     BOOTSTRAP_MODES,
-    ENGINE_RESERVE_BITS,
     GALOIS_KEY_BUDGET,
     CKKSExportError,
     CompileOptions,
@@ -27,7 +26,7 @@ from polyfhe.program.engines import DEFAULT_BACKEND
 from polyfhe.program.params import CKKSParams
 from polyfhe.runtime.program import CKKSProgram
 
-__all__ = ["BATCH_MEMORY_BUDGET", "BOOTSTRAP_MODES", "ENGINE_RESERVE_BITS", "GALOIS_KEY_BUDGET", "PASSES",
+__all__ = ["BATCH_MEMORY_BUDGET", "BOOTSTRAP_MODES", "GALOIS_KEY_BUDGET", "PASSES",
            "CKKSExportError", "Circuit", "CompileOptions", "LoweringError", "export_ckks", "to_onnx_model"]
 
 

@@ -21,14 +21,12 @@ from polyfhe.program.engines import DEFAULT_BACKEND, BackendUnavailable, get_bac
 from polyfhe.program.manifest import LAYOUTS
 from polyfhe.program.params import DEFAULT_MIN_SCALE_BITS, CKKSParams
 
-__all__ = ["BATCH_MEMORY_BUDGET", "BOOTSTRAP_MODES", "ENGINE_RESERVE_BITS", "GALOIS_KEY_BUDGET", "BootstrapInstead",
+__all__ = ["BATCH_MEMORY_BUDGET", "BOOTSTRAP_MODES", "GALOIS_KEY_BUDGET", "BootstrapInstead",
            "CKKSExportError", "CompileOptions", "CompileState", "Retry", "SpendForMemory", "ValueRanges"]
 
 BATCH_MEMORY_BUDGET = 8 << 30  # bytes of live ciphertexts the batch layout may plan for
 GALOIS_KEY_BUDGET = 3 << 30  # bytes of Galois keys in a public context (beyond it, rotations are chains of keys)
 BOOTSTRAP_MODES = ("auto", "off")
-# Lattigo's primes lie up to a few millionths of a bit above 2^bits, so the 128-bit bound is kept with a bit to spare
-ENGINE_RESERVE_BITS = {"lattigo": 1}
 
 
 class CKKSExportError(ValueError):
@@ -165,7 +163,7 @@ class CompileState:
     @property
     def reserve_bits(self) -> int:
         """Bits the engine keeps below the 128-bit bound when primes are picked."""
-        return max(int(getattr(self.engine, "reserve_bits", 0)), ENGINE_RESERVE_BITS.get(self.options.backend, 0))
+        return self.engine.reserve_bits
 
     def retry(self, options: CompileOptions, force_bootstrap: bool, memory_spend: dict | None) -> CompileState:
         """A fresh try with these options and knobs, keeping what the front passes made (same inputs)."""
