@@ -1,7 +1,7 @@
 """Degree analyzer: prove an ONNX graph computes only additions and multiplications on encrypted data.
 
 ``analyze(model)`` returns an :class:`AnalysisReport` (polynomial?, violations with node and op, degree,
-ct x ct depth, CKKS levels, op counts). New ops are allowed through :func:`register_rule`; every op
+ct x ct depth, CKKS levels, op counts, and separately the polynomial nodes a compiler does not lower). New ops are allowed through :func:`register_rule`; every op
 without a rule fails closed on encrypted values.
 """
 
@@ -16,7 +16,7 @@ from polyfhe.analysis.registry import (
     describe_allowed,
     register_rule,
 )
-from polyfhe.analysis.report import AnalysisReport, NodeInfo, OpCounts, OutputInfo, Violation
+from polyfhe.analysis.report import AnalysisReport, NodeInfo, NotLowered, OpCounts, OutputInfo, Violation
 from polyfhe.analysis.values import ValueState
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "ModelLoadError",
     "NodeContext",
     "NodeInfo",
+    "NotLowered",
     "OpCounts",
     "OutputInfo",
     "RuleResult",

@@ -10,6 +10,8 @@ Semantics (fail closed):
   a :class:`Violation` naming the node (``name`` or ``{op_type}_{index}``) and op. Outputs of a
   violating node are UNKNOWN, so the report's degree/depth/levels become None; all violations are
   still collected.
+* Lowered is a second answer: a polynomial node the CKKS compiler has no lowering for (its rule names a
+  reason, or declares no lowering at all) is a :class:`NotLowered` entry, never a violation.
 * ``degree`` is an upper bound on the total degree of the outputs in the inputs (cancellations are not
   detected), ``mult_depth`` counts sequential ct x ct products (x^4 costs 2), ``levels`` counts CKKS
   rescales including plaintext multiplications after merging adjacent plaintext-linear maps.
@@ -26,8 +28,15 @@ from polyfhe.analysis import rules as _rules  # noqa: F401  (registers the built
 from polyfhe.analysis.constants import ConstantFolder, is_public_shape_op
 from polyfhe.analysis.graph import implicit_inputs, node_label, topological_order
 from polyfhe.analysis.loader import ModelLike, default_opset, load_model
-from polyfhe.analysis.registry import NodeContext, RuleResult, RuleViolation, allowed_ops, get_rule
-from polyfhe.analysis.report import AnalysisReport, NodeInfo, OpCounts, OutputInfo, Violation
+from polyfhe.analysis.registry import (
+    CKKS_COMPILER,
+    NodeContext,
+    RuleResult,
+    RuleViolation,
+    allowed_ops,
+    get_rule,
+)
+from polyfhe.analysis.report import AnalysisReport, NodeInfo, NotLowered, OpCounts, OutputInfo, Violation
 from polyfhe.analysis.values import CONST, UNKNOWN, ValueState
 
 __all__ = ["analyze"]
@@ -54,6 +63,7 @@ class _Analysis:
         self.folder = ConstantFolder(model)
         self.states: dict[str, ValueState] = {}
         self.violations: list[Violation] = []
+        self.not_lowered: list[NotLowered] = []
         self.nodes: list[NodeInfo] = []
         self.by_op: Counter[str] = Counter()
         self.ct_mults = 0
@@ -78,11 +88,12 @@ class _Analysis:
             opset=self.opset,
             output_info=outputs,
             graph_name=self.graph.name,
+            not_lowered=tuple(self.not_lowered),
         )
         log.info(
-            "analyzed %s: polynomial=%s degree=%s mult_depth=%s levels=%s violations=%d",
+            "analyzed %s: polynomial=%s degree=%s mult_depth=%s levels=%s violations=%d not_lowered=%d",
             self.graph.name or "<graph>", report.polynomial, report.degree, report.mult_depth,
-            report.levels, len(report.violations),
+            report.levels, len(report.violations), len(report.not_lowered),
         )
         return report
 
@@ -138,6 +149,11 @@ class _Analysis:
         if len(result.outputs) != len(node.output):
             raise RuntimeError(f"rule for {node.op_type} returned {len(result.outputs)} states "
                                f"for {len(node.output)} outputs")
+        unlowered = result.unlowered or ("" if rule.lowering else
+                                         f"{qualified} is polynomial but the CKKS compiler has no lowering for it")
+        if unlowered:
+            log.debug("not lowered at %s (%s): %s", label, node.op_type, unlowered)
+            self.not_lowered.append(NotLowered(node=label, op=node.op_type, engine=CKKS_COMPILER, reason=unlowered))
         return result
 
     def _violate(self, label: str, node: onnx.NodeProto, reason: str) -> None:

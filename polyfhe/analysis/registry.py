@@ -6,8 +6,10 @@ costs, or raises :class:`RuleViolation` with a reason when the op is not polynom
 inputs (e.g. ``Div`` by an encrypted value).
 
 Each rule also declares how the CKKS compiler lowers the op (:class:`Lowering`), so that the analyzer and
-the compiler share one op table (:mod:`polyfhe.analysis.optable`): an op the analyzer accepts is an op the
-compiler lowers, and a test holds both sides to it.
+the compiler share one op table (:mod:`polyfhe.analysis.optable`), and a test holds both sides to it. Being
+polynomial and being lowered are two answers: a rule accepts every polynomial use of its op and, for the
+operand patterns the compiler has no lowering for (a ct x ct Gemm, an encrypted Conv bias), names the reason
+in :attr:`RuleResult.unlowered` instead of refusing the node.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from polyfhe.analysis.constants import ConstantFolder
 from polyfhe.analysis.values import ValueState
 
 __all__ = [
+    "CKKS_COMPILER",
     "Lowering",
     "NodeContext",
     "Rule",
@@ -38,6 +41,7 @@ __all__ = [
 ]
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+CKKS_COMPILER = "ckks"  # the compiler whose lowerings the rules declare (export/ckks; every CKKS engine runs it)
 
 
 class Lowering(StrEnum):
@@ -60,11 +64,13 @@ class RuleViolation(Exception):
 
 @dataclass(frozen=True)
 class RuleResult:
-    """Output states of a node (one per ONNX output) and the multiplications it performs."""
+    """Output states of a node (one per ONNX output), the multiplications it performs, and why the CKKS
+    compiler does not lower this use of the op (empty when it does)."""
 
     outputs: tuple[ValueState, ...]
     ct_mults: int = 0
     pt_mults: int = 0
+    unlowered: str = ""
 
 
 @dataclass(frozen=True)
@@ -115,9 +121,9 @@ class NodeContext:
                 name = self.node.input[index]
                 raise RuleViolation(f"{self.op} input {index} ({role}, {name!r}) must be a constant, not encrypted")
 
-    def same_for_all(self, state: ValueState, ct_mults: int = 0, pt_mults: int = 0) -> RuleResult:
+    def same_for_all(self, state: ValueState, ct_mults: int = 0, pt_mults: int = 0, unlowered: str = "") -> RuleResult:
         """Result with ``state`` on every output."""
-        return RuleResult(tuple(state for _ in self.node.output), ct_mults, pt_mults)
+        return RuleResult(tuple(state for _ in self.node.output), ct_mults, pt_mults, unlowered)
 
 
 RuleFn = Callable[[NodeContext], RuleResult]
@@ -142,7 +148,8 @@ def register_rule(
     """Decorator registering ``fn`` as the rule of the given default-domain op types.
 
     ``lowering`` says how the CKKS compiler lowers the op (required: the op table is checked against the
-    compiler); ``()`` declares an op the analyzer accepts but the compiler does not lower.
+    compiler); ``()`` declares an op that is polynomial but that the compiler does not lower (the analyzer
+    then reports every use of it as not lowered).
     """
     kinds = tuple(Lowering(kind) for kind in lowering)
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["AnalysisReport", "NodeInfo", "OpCounts", "OutputInfo", "Violation"]
+__all__ = ["AnalysisReport", "NodeInfo", "NotLowered", "OpCounts", "OutputInfo", "Violation"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,24 @@ class Violation:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Violation:
         return cls(node=str(data["node"]), op=str(data["op"]), reason=str(data.get("reason", "")))
+
+
+@dataclass(frozen=True)
+class NotLowered:
+    """A polynomial node that ``engine``'s compiler does not lower: the model is polynomial, yet it will not compile."""
+
+    node: str
+    op: str
+    engine: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"node": self.node, "op": self.op, "engine": self.engine, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NotLowered:
+        return cls(node=str(data["node"]), op=str(data["op"]), engine=str(data.get("engine", "")),
+                   reason=str(data.get("reason", "")))
 
 
 class _ScalarRecord:
@@ -98,12 +116,13 @@ class OpCounts:
 
 @dataclass(frozen=True)
 class AnalysisReport:
-    """Whole-model result of :func:`polyfhe.analysis.analyze`.
+    """Whole-model result of :func:`polyfhe.analysis.analyze`: two answers, polynomial and lowered.
 
     ``polynomial`` is True only when no node violates the allow-list. ``degree`` (total degree in the
     encrypted inputs), ``mult_depth`` (sequential ct x ct products) and ``levels`` (CKKS rescales after
     merging adjacent plaintext-linear maps) are maxima over the graph outputs, and None when the graph is
-    not polynomial: nothing downstream of a violation is bounded.
+    not polynomial: nothing downstream of a violation is bounded. ``not_lowered`` lists the polynomial
+    nodes an engine's compiler has no lowering for (a Gemm of two encrypted operands, ...).
     """
 
     polynomial: bool
@@ -118,10 +137,19 @@ class AnalysisReport:
     opset: int
     output_info: tuple[OutputInfo, ...] = ()
     graph_name: str = ""
+    not_lowered: tuple[NotLowered, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("violations", "nodes", "inputs", "outputs", "output_info"):
+        for name in ("violations", "nodes", "inputs", "outputs", "output_info", "not_lowered"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def not_lowered_by(self, engine: str) -> tuple[NotLowered, ...]:
+        """The entries naming ``engine`` (a compiler name such as ``"ckks"``)."""
+        return tuple(entry for entry in self.not_lowered if entry.engine == engine)
+
+    def lowered_by(self, engine: str) -> bool:
+        """True when the model is polynomial and ``engine``'s compiler lowers every node."""
+        return self.polynomial and not self.not_lowered_by(engine)
 
     def limit_failures(
         self, max_degree: int | None = None, max_depth: int | None = None, max_levels: int | None = None
@@ -163,6 +191,7 @@ class AnalysisReport:
             "output_info": [o.to_dict() for o in self.output_info],
             "opset": self.opset,
             "graph_name": self.graph_name,
+            "not_lowered": [entry.to_dict() for entry in self.not_lowered],
         }
 
     @classmethod
@@ -180,6 +209,7 @@ class AnalysisReport:
             opset=int(data.get("opset", 0)),
             output_info=tuple(OutputInfo.from_dict(o) for o in data.get("output_info", ())),
             graph_name=str(data.get("graph_name", "")),
+            not_lowered=tuple(NotLowered.from_dict(e) for e in data.get("not_lowered", ())),
         )
 
 

@@ -6,9 +6,10 @@ plaintext-linear map (const weights, Mul/Div by a const, ReduceMean, average poo
 unless merged with an adjacent one; Add/Sub/Sum/Concat take maxima; data movement, ReduceSum and Neg
 are free. Every op not registered here fails closed when it touches an encrypted value.
 
-Each registration also names how the CKKS compiler lowers the op (:class:`Lowering`); operand patterns
-the compiler cannot lower (a ct x ct Gemm, an encrypted Conv bias, a per-element Pow exponent) are
-refused here, so that every graph the analyzer accepts compiles.
+Each registration also names how the CKKS compiler lowers the op (:class:`Lowering`). Operand patterns
+that are polynomial but that the compiler cannot lower (a Gemm with several encrypted operands, a Conv with
+encrypted weights or bias, a per-element Pow exponent) are accepted with their degree and named in
+``RuleResult.unlowered``; only non-polynomial uses raise :class:`RuleViolation`.
 """
 
 from __future__ import annotations
@@ -83,30 +84,45 @@ def _matmul(ctx: NodeContext) -> RuleResult:
     return _mul(ctx)
 
 
-@register_rule("Gemm", summary="one encrypted operand (A, B or the bias C), the others constant; "
-               "a ct x ct product is written as MatMul", lowering=(LINEAR,))
+@register_rule("Gemm", summary="alpha * A @ B + beta * C; lowered with one encrypted operand (A, B or the "
+               "bias C), the others constant", lowering=(LINEAR,))
 def _gemm(ctx: NodeContext) -> RuleResult:
     a, b, c = ctx.operand(0), ctx.operand(1), ctx.input(2)
     encrypted = [name for name, state in zip("ABC", (a, b, c), strict=True) if state is not None and state.encrypted]
+    ct_mults = pt_mults = 0
+    if a.encrypted and b.encrypted:
+        ab, ct_mults = product(a, b), 1
+        if float(ctx.attr("alpha", 1.0)) != 1.0:
+            ab, pt_mults = linear(ab), 1
+    elif a.encrypted or b.encrypted:
+        ab, pt_mults = linear(a if a.encrypted else b), 1
+    else:
+        ab = CONST
+    bias = c if c is not None and c.encrypted else CONST
+    if bias.encrypted and float(ctx.attr("beta", 1.0)) != 1.0:
+        bias, pt_mults = linear(bias), pt_mults + 1
+    unlowered = ""
     if len(encrypted) > 1:
-        raise RuleViolation(f"Gemm with encrypted {' and '.join(encrypted)} is not lowered by the CKKS compiler "
-                            "(only one encrypted operand); write it as MatMul and Add")
-    if a.encrypted or b.encrypted:
-        return ctx.same_for_all(linear(a if a.encrypted else b), pt_mults=1)
-    c = ctx.operand(2)  # only the bias is encrypted
-    if float(ctx.attr("beta", 1.0)) == 1.0:
-        return ctx.same_for_all(c)
-    return ctx.same_for_all(linear(c), pt_mults=1)
+        unlowered = (f"Gemm with encrypted {' and '.join(encrypted)} is not lowered by the CKKS compiler "
+                     "(only one encrypted operand); write it as MatMul and Add")
+    return ctx.same_for_all(join([ab, bias]), ct_mults, pt_mults, unlowered)
 
 
-@register_rule("Conv", "ConvTranspose", summary="constant weights and bias", lowering=(LINEAR,))
+@register_rule("Conv", "ConvTranspose", summary="any operands (bilinear in data and weights); lowered with "
+               "constant weights and bias", lowering=(LINEAR,))
 def _conv(ctx: NodeContext) -> RuleResult:
-    if ctx.is_encrypted(1):
-        raise RuleViolation(f"{ctx.op} with encrypted weights is not supported (weights must be constant)")
-    if ctx.is_encrypted(2):
-        raise RuleViolation(f"{ctx.op} with an encrypted bias is not lowered by the CKKS compiler; "
-                            f"add the encrypted term after the {ctx.op}")
-    return ctx.same_for_all(linear(ctx.operand(0)), pt_mults=1)
+    x, w = ctx.operand(0), ctx.operand(1)
+    if x.encrypted and w.encrypted:
+        mapped, ct_mults, pt_mults = product(x, w), 1, 0
+    else:
+        mapped, ct_mults, pt_mults = linear(x if x.encrypted else w), 0, 1
+    unlowered = ""
+    if w.encrypted:
+        unlowered = f"{ctx.op} with encrypted weights is not lowered by the CKKS compiler (weights must be constant)"
+    elif ctx.is_encrypted(2):
+        unlowered = (f"{ctx.op} with an encrypted bias is not lowered by the CKKS compiler; "
+                     f"add the encrypted term after the {ctx.op}")
+    return ctx.same_for_all(join([mapped, ctx.input(2)]), ct_mults, pt_mults, unlowered)
 
 
 @register_rule("ReduceMean", summary="sum of slots times a constant 1/n; axes constant", lowering=(LINEAR,))
@@ -131,18 +147,19 @@ def _pow(ctx: NodeContext) -> RuleResult:
     if exponent is None:
         raise RuleViolation("Pow exponent is constant but could not be evaluated at compile time")
     values = np.asarray(exponent, dtype=np.float64).ravel()
-    if values.size != 1:
-        raise RuleViolation(f"Pow exponent {_show(values)} is not a single number (per-element exponents "
-                            "are not lowered by the CKKS compiler)")
     if not np.all(np.isfinite(values)):
         raise RuleViolation(f"Pow exponent {exponent!r} is not a finite number")
     if np.any(values < 0) or np.any(values != np.round(values)):
         raise RuleViolation(f"Pow exponent {_show(values)} is not a non-negative integer")
-    k = int(values.max())
+    unlowered = ""
+    if values.size != 1:
+        unlowered = (f"Pow exponent {_show(values)} is not a single number (per-element exponents are not "
+                     "lowered by the CKKS compiler)")
+    k = int(values.max()) if values.size else 0
     base = ctx.operand(0)
     if k == 0:
-        return ctx.same_for_all(CONST)  # x ** 0 == 1 everywhere: public
-    return ctx.same_for_all(power(base, k), ct_mults=power_mults(k))
+        return ctx.same_for_all(CONST, unlowered=unlowered)  # x ** 0 == 1 everywhere: public
+    return ctx.same_for_all(power(base, k), ct_mults=power_mults(k), unlowered=unlowered)
 
 
 @register_rule("Pad", summary="modes constant (any finite fill: affine, the fill is public), edge, reflect, wrap; "

@@ -1,7 +1,13 @@
-"""``polyfhe check TARGET``: is this ONNX model polynomial, and does it fit the given CKKS limits?
+"""``polyfhe check TARGET``: is this ONNX model polynomial, does it fit the given CKKS limits, and does the
+CKKS compiler lower every op?
 
-Exit codes: 0 polynomial and within every limit; 1 not polynomial or over a limit; 2 the input cannot
-be read (missing, corrupt or truncated file, unknown zoo name, exporter unavailable).
+Polynomial and lowered are two answers: a Gemm of two encrypted operands is polynomial (degree 2) but not
+lowered by the CKKS compiler. Both are printed; only --require-lowered makes the second one fail.
+
+Exit codes: 0 polynomial and within every limit (and, with --require-lowered ENGINE, lowered by ENGINE);
+1 not polynomial or over a limit; 2 the input cannot be read (missing, corrupt or truncated file, unknown
+zoo name, exporter unavailable); 3 polynomial and within the limits, but --require-lowered ENGINE was given
+and ENGINE does not lower some op.
 """
 
 from __future__ import annotations
@@ -15,15 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from polyfhe.analysis import AnalysisReport, ModelLoadError, analyze
+from polyfhe.analysis.optable import LOWERING_ENGINES, compiler_for
+from polyfhe.analysis.registry import CKKS_COMPILER
 from polyfhe.commands.arguments import non_negative_int
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_NOT_POLYNOMIAL", "EXIT_OK", "add_parser", "run"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_NOT_LOWERED", "EXIT_NOT_POLYNOMIAL", "EXIT_OK", "add_parser", "run"]
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_NOT_POLYNOMIAL = 1
 EXIT_BAD_INPUT = 2
+EXIT_NOT_LOWERED = 3
 
 _ZOO_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 
@@ -45,6 +54,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--max-degree", type=non_negative_int, metavar="D", help="fail when the degree exceeds D")
     parser.add_argument("--max-depth", type=non_negative_int, metavar="L", help="fail when the ct x ct depth exceeds L")
     parser.add_argument("--max-levels", type=non_negative_int, metavar="L", help="fail when CKKS levels exceed L")
+    parser.add_argument("--require-lowered", choices=sorted(LOWERING_ENGINES), metavar="ENGINE",
+                        help="also fail (exit 3) when ENGINE's compiler does not lower some op "
+                             f"({', '.join(sorted(LOWERING_ENGINES))}: every CKKS engine runs the CKKS compiler)")
     parser.add_argument("--img-size", type=int, metavar="S",
                         help="for zoo-name targets: build the model at this resolution (default: its own)")
     parser.set_defaults(func=run)
@@ -64,13 +76,18 @@ def run(args: argparse.Namespace) -> int:
         "max_levels": getattr(args, "max_levels", None),
     }
     failures = report.limit_failures(**limits)
+    required = getattr(args, "require_lowered", None)
+    compiler = compiler_for(required) if required else CKKS_COMPILER
     if as_json:
         payload = {"target": target, **report.to_dict(), "within_limits": not failures,
-                   "limit_failures": list(failures), "limits": limits}
+                   "limit_failures": list(failures), "limits": limits,
+                   "lowered": report.lowered_by(compiler), "lowered_engine": compiler, "require_lowered": required}
         print(json.dumps(payload))
     else:
-        _render(target, report, failures)
-    return EXIT_OK if not failures else EXIT_NOT_POLYNOMIAL
+        _render(target, report, failures, compiler)
+    if failures:
+        return EXIT_NOT_POLYNOMIAL
+    return EXIT_NOT_LOWERED if required and not report.lowered_by(compiler) else EXIT_OK
 
 
 def _resolve(target: str, img_size: int | None = None) -> Any:
@@ -100,7 +117,7 @@ def _fail(target: str, message: str, as_json: bool) -> int:
     return EXIT_BAD_INPUT
 
 
-def _render(target: str, report: AnalysisReport, failures: tuple[str, ...]) -> None:
+def _render(target: str, report: AnalysisReport, failures: tuple[str, ...], compiler: str) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -127,22 +144,28 @@ def _render(target: str, report: AnalysisReport, failures: tuple[str, ...]) -> N
             ops.add_row(op, str(count))
         console.print(ops)
     if report.violations:
-        console.print(_violation_table(report))
+        console.print(_grouped_table(report.violations, f"{len(report.violations)} violation(s)"))
     for failure in failures if report.polynomial else ():
         console.print(f"[red]over limit:[/red] {escape(failure)}")
     within = "[green]yes[/green]" if not failures else "[red]no[/red]"
     console.print(f"within limits: {within}")
+    if report.polynomial:
+        unlowered = report.not_lowered_by(compiler)
+        lowered = "[green]yes[/green]" if not unlowered else f"[red]no[/red] ({len(unlowered)} node(s))"
+        console.print(f"lowered by the {escape(compiler)} compiler: {lowered}")
+        if unlowered:
+            console.print(_grouped_table(unlowered, f"{len(unlowered)} polynomial node(s) not lowered by {compiler}"))
 
 
-def _violation_table(report: AnalysisReport, shown_nodes: int = 3) -> Any:
+def _grouped_table(entries: Any, title: str, shown_nodes: int = 3) -> Any:
     """One row per distinct (op, reason): real models repeat the same violation hundreds of times."""
     from rich.markup import escape
     from rich.table import Table
 
     groups: dict[tuple[str, str], list[str]] = {}
-    for v in report.violations:
+    for v in entries:
         groups.setdefault((v.op, v.reason), []).append(v.node)
-    table = Table(title=f"{len(report.violations)} violation(s)")
+    table = Table(title=escape(title))
     for column, overflow in (("op", "fold"), ("count", "fold"), ("nodes", "fold"), ("reason", "fold")):
         table.add_column(column, overflow=overflow, justify="right" if column == "count" else "left")
     for (op, reason), nodes in groups.items():

@@ -21,6 +21,7 @@ def _w(*shape: int) -> np.ndarray:
 def _analyze(nodes, inputs, outputs, inits=None, **kw) -> AnalysisReport:
     report = analyze(make_model(nodes, inputs, outputs, inits, **kw))
     assert report.polynomial, report.violations
+    assert report.lowered_by("ckks"), report.not_lowered
     return report
 
 
