@@ -81,8 +81,8 @@ def run_infer(args: argparse.Namespace) -> int:
 
 
 def _infer(args: argparse.Namespace, api: Any, model: str, keydir: Any) -> int:
+    from polyfhe.commands.inputs import RunInputError, read_input
     from polyfhe.commands.progress import progress_bar
-    from polyfhe.commands.run import RunInputError, read_input
     from polyfhe.program.boundary import InputError
 
     manifest = api.manifest(model, allow_insecure=args.allow_insecure)

@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         if args.target == "onnx":
             return _export_onnx(console, model, name, shape, args.out)
         if args.target == "concrete":
-            from polyfhe.commands.concrete_export import export_concrete_program
+            from polyfhe.commands.export_concrete import export_concrete_program
 
             return export_concrete_program(console, model, name, shape, calibration, args)
         return _export_ckks(console, model, name, shape, calibration, args)

@@ -1,10 +1,14 @@
-"""Renderers the CLI's subcommands share (rich tables of an encrypted run, its operation counts)."""
+"""Renderers the CLI's subcommands share (rich tables of an encrypted run, its operation counts, the model zoo)."""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["COUNT_ROWS", "MIB", "SHOWN_SAMPLES", "counts_table", "render_run_result"]
+if TYPE_CHECKING:
+    from polyfhe.zoo import ZooRow
+
+__all__ = ["COUNT_ROWS", "MIB", "SHOWN_SAMPLES", "counts_table", "render_run_result", "zoo_table"]
 
 MIB = 1 << 20
 SHOWN_SAMPLES = 16  # samples listed one per row; the rest only count toward the agreement
@@ -64,4 +68,37 @@ def counts_table(counts: dict, cache: dict) -> Any:
         limit = f" of {budget / MIB:.0f} MiB" if budget is not None else ""
         peak = f", peak {cache['peak_bytes'] / MIB:.1f} MiB" if "peak_bytes" in cache else ""
         table.add_row("plaintext cache held", f"{counts['plaintext_bytes'] / MIB:.1f} MiB{limit}{peak}")
+    return table
+
+
+def _fmt(value: int | None, scale: float = 1.0, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value / scale:,.{digits}f}" if scale != 1.0 else f"{value:,}"
+
+
+def _fmt_degree(degree: int | None) -> str:
+    """Huge degrees read better as powers of two (a 34-block MONet has degree 2^68)."""
+    if degree is None or degree <= 1 << 20:
+        return _fmt(degree)
+    if degree & (degree - 1) == 0:
+        return f"2^{degree.bit_length() - 1}"
+    return f"~2^{math.log2(degree):.1f}"
+
+
+def zoo_table(rows: list[ZooRow]) -> Any:
+    """The model zoo as a rich table (``polyfhe models``, ``polyfhe demo --zoo``)."""
+    from rich.table import Table
+
+    table = Table(title="polyfhe model zoo")
+    for col in ("model", "norm", "input", "classes", "params", "spec params", "GMACs",
+                "degree", "ct x ct", "levels", "spec ct x ct", "spec levels"):
+        table.add_column(col, justify="left" if col in ("model", "norm", "input") else "right")
+    for r in rows:
+        table.add_row(
+            r.name, r.norm, "x".join(map(str, r.input_shape)), str(r.num_classes),
+            _fmt(r.params), _fmt(r.spec_params), _fmt(r.macs, 1e9, 3),
+            _fmt_degree(r.degree), _fmt(r.mult_depth), _fmt(r.levels),
+            _fmt(r.spec_ct_depth), _fmt(r.spec_levels),
+        )
     return table

@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from polyfhe.commands.arguments import add_threads_argument, apply_threads, non_negative_float
+from polyfhe.commands.inputs import READERS, RunInputError, read_input
 from polyfhe.commands.render import MIB, render_run_result
 from polyfhe.runtime.plaintexts import DEFAULT_PLAINTEXT_BYTES
 from polyfhe.runtime.roundtrip import timed_round_trip
@@ -37,10 +37,6 @@ from polyfhe.runtime.roundtrip import timed_round_trip
 __all__ = ["EXIT_BAD_INPUT", "READERS", "RunInputError", "add_parser", "read_input", "run"]
 
 EXIT_BAD_INPUT = 2
-
-
-class RunInputError(ValueError):
-    """An input file that is missing, unreadable or does not fit the program (exit code 2)."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -61,87 +57,6 @@ def add_parser(subparsers: Any) -> None:
                         "experiments only: refused otherwise, exit code 2)")
     add_threads_argument(p)
     p.set_defaults(func=run)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# input readers: file -> (samples, C, H, W) float64, checked against the program
-# ----------------------------------------------------------------------------------------------------------
-def _read_npy(path: Path, manifest: Any) -> np.ndarray:
-    return _fit(np.load(path, allow_pickle=False), manifest, path, all_samples=True)
-
-
-def _read_npz(path: Path, manifest: Any) -> np.ndarray:
-    with np.load(path, allow_pickle=False) as data:
-        if "x" not in data.files:
-            raise RunInputError(f"{path} holds arrays {data.files}; expected one named 'x'")
-        x = data["x"]
-    if manifest.layout == "single" and x.size != manifest.input_size:
-        x = x[: manifest.samples_per_query]  # a stack of samples: as many as one ciphertext interleaves
-    return _fit(x, manifest, path, all_samples=True)
-
-
-def _read_image(path: Path, manifest: Any) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
-    c, h, w = _chw(manifest)
-    modes = {1: "L", 3: "RGB"}
-    if c not in modes:
-        raise RunInputError(f"the program takes {c} input channels; images work only for 1 (grayscale) "
-                            "or 3 (RGB)")
-    try:
-        with Image.open(path) as img:
-            img = img.convert(modes[c]).resize((w, h), Image.Resampling.BILINEAR)
-            arr = np.asarray(img, dtype=np.float64) / 255.0
-    except (UnidentifiedImageError, OSError) as exc:
-        raise RunInputError(f"{path} is not a readable image: {exc}") from exc
-    arr = arr[None] if c == 1 else arr.transpose(2, 0, 1)
-    return arr.reshape(1, c, h, w)
-
-
-READERS: dict[str, Callable[[Path, Any], np.ndarray]] = {
-    ".npy": _read_npy, ".npz": _read_npz, ".png": _read_image, ".jpg": _read_image, ".jpeg": _read_image,
-}
-
-
-def _chw(manifest: Any) -> tuple[int, ...]:
-    shape = tuple(manifest.input_shape[1:])
-    return shape if len(shape) == 3 else (1, 1, int(np.prod(shape)))
-
-
-def _fit(x: np.ndarray, manifest: Any, path: Path, all_samples: bool) -> np.ndarray:
-    """Reshape to (samples, *input_shape[1:]), at most as many samples as one ciphertext holds."""
-    shape = tuple(manifest.input_shape[1:])
-    x = np.asarray(x)
-    if x.dtype.kind not in "fiub":
-        raise RunInputError(f"{path} holds {x.dtype} values; expected real numbers")
-    n = manifest.input_size
-    if x.size == n:
-        return x.astype(np.float64).reshape(1, *shape)
-    stacked = x.ndim >= 2 and int(np.prod(x.shape[1:])) == n
-    capacity = manifest.samples_per_query
-    if stacked and all_samples and len(x) > 0:
-        if len(x) > capacity:
-            raise RunInputError(f"{path} holds {len(x)} samples; one ciphertext of this program takes at most "
-                                f"{capacity}")
-        return x.astype(np.float64).reshape(-1, *shape)
-    what = "one sample" if capacity == 1 else f"up to {capacity} samples"
-    raise RunInputError(f"{path} holds an array of shape {x.shape}; this {manifest.layout}-layout program "
-                        f"takes {what} of shape {shape} ({n} values each)")
-
-
-def read_input(path: Path, manifest: Any) -> np.ndarray:
-    """Read ``path`` with the reader its suffix names; raises :class:`RunInputError` with the reason."""
-    if not path.is_file():
-        raise RunInputError(f"input file {path} does not exist")
-    reader = READERS.get(path.suffix.lower())
-    if reader is None:
-        raise RunInputError(f"cannot read {path.name}: accepted inputs are {', '.join(READERS)}")
-    try:
-        return reader(path, manifest)
-    except (ValueError, OSError) as exc:
-        if isinstance(exc, RunInputError):
-            raise
-        raise RunInputError(f"cannot read {path}: {exc}") from exc
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -182,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_concrete(args: argparse.Namespace) -> int:
-    from polyfhe.commands.concrete_run import encrypted_run_concrete, render
+    from polyfhe.commands.run_concrete import encrypted_run_concrete, render
     from polyfhe.engines.concrete import ConcreteEnvMissing, ConcreteProgramError, load_concrete_program
 
     if args.keys is not None:
