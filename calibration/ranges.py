@@ -3,16 +3,14 @@
 The CKKS exporter needs, for every encrypted value, how large it gets: the scale and the headroom of the
 modulus chain depend on it. ``profile_onnx_ranges`` exposes every value that depends on the graph input as an
 extra graph output, runs the graph batch by batch and keeps exact min / max / mean / std and percentile
-estimates (exact whenever a value has at most ``PERCENTILE_SAMPLES`` numbers over the whole data).
+estimates (exact whenever a value has at most ``PERCENTILE_SAMPLES`` numbers over the whole data). The
+statistics are the shared reduction of :mod:`polyfhe.calibration.reduction`.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import math
-from dataclasses import dataclass, fields
-from typing import Any
 
 import numpy as np
 import onnx
@@ -20,109 +18,27 @@ import onnx
 from polyfhe.analysis import load_model
 from polyfhe.analysis.graph import topological_order
 from polyfhe.analysis.loader import ModelLike
+from polyfhe.calibration.reduction import (
+    PERCENTILE_SAMPLES,
+    RangeAccumulator,
+    RangeProfile,
+    ValueRange,
+    array_range,
+    float_from_json,
+    json_float,
+)
 from polyfhe.ort_providers import inference_session
 
 __all__ = [
-    "PERCENTILE_SAMPLES", "RangeAccumulator", "ValueRange", "array_range", "float_from_json", "json_float",
-    "profile_onnx_ranges",
+    "PERCENTILE_SAMPLES", "RangeAccumulator", "RangeProfile", "ValueRange", "array_range", "float_from_json",
+    "json_float", "profile_onnx_ranges",
 ]
 
 log = logging.getLogger(__name__)
 
-PERCENTILE_SAMPLES = 1 << 18  # numbers kept per value for the percentiles (a uniform subsample beyond that)
 _FLOAT_TYPES = {
     onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
 }
-_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-
-
-def json_float(value: float) -> float | str:
-    """Strict JSON has no NaN/Infinity: non-finite numbers (an overflowing value) become strings."""
-    return value if math.isfinite(value) else str(value)
-
-
-def float_from_json(value: float | str) -> float:
-    return _NON_FINITE[value] if isinstance(value, str) else float(value)
-
-
-@dataclass(frozen=True)
-class ValueRange:
-    """Range of one ONNX value over the calibration data; ``shape`` is per sample (batch axis dropped).
-
-    ``p001`` / ``p999`` are the 0.1th and 99.9th percentiles; ``count`` is how many numbers were seen.
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    min: float
-    max: float
-    abs_max: float
-    p001: float
-    p999: float
-    mean: float
-    std: float
-    count: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "shape": list(self.shape), "count": self.count}
-        for f in fields(self):
-            if f.name not in out:
-                out[f.name] = json_float(getattr(self, f.name))
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ValueRange:
-        skip = ("name", "shape", "count")
-        floats = {f.name: float_from_json(data[f.name]) for f in fields(cls) if f.name not in skip}
-        return cls(name=str(data["name"]), shape=tuple(int(s) for s in data["shape"]),
-                   count=int(data.get("count", 0)), **floats)
-
-
-class RangeAccumulator:
-    """Streaming statistics of one value over batches whose leading axis is the sample axis."""
-
-    def __init__(self, name: str, quota_per_sample: float, seed: int = 0) -> None:
-        self.name = name
-        self.quota_per_sample = quota_per_sample  # numbers kept for the percentiles, per sample of a batch
-        self.rng = np.random.default_rng(seed)
-        self.shape: tuple[int, ...] | None = None
-        self.count = 0
-        self.total = self.total_sq = 0.0
-        self.lo, self.hi = math.inf, -math.inf
-        self.samples: list[np.ndarray] = []
-
-    def update(self, batch: np.ndarray) -> None:
-        values = np.asarray(batch, dtype=np.float64)
-        if self.shape is None:
-            self.shape = tuple(values.shape[1:]) if values.ndim else ()
-        flat = values.ravel()
-        if flat.size == 0:
-            return
-        self.count += flat.size
-        self.total += float(flat.sum())
-        self.total_sq += float(np.square(flat).sum())  # not np.dot: BLAS threads stall on a busy machine
-        self.lo = float(np.min([self.lo, flat.min()]))  # np.min / np.max propagate NaN, Python's min does not
-        self.hi = float(np.max([self.hi, flat.max()]))
-        keep = math.ceil(self.quota_per_sample * (values.shape[0] if values.ndim else 1))
-        # Uniform draws with replacement: O(keep), unlike choice(replace=False), which shuffles the batch.
-        self.samples.append(flat if flat.size <= keep else flat[self.rng.integers(0, flat.size, keep)])
-
-    def result(self) -> ValueRange:
-        if self.count == 0:
-            raise ValueError(f"no data was recorded for {self.name!r}")
-        mean = self.total / self.count
-        var = max(self.total_sq / self.count - mean * mean, 0.0) if math.isfinite(mean) else math.nan
-        p001, p999 = (float(v) for v in np.percentile(np.concatenate(self.samples), [0.1, 99.9]))
-        abs_max = float(np.max([abs(self.lo), abs(self.hi)]))
-        return ValueRange(self.name, self.shape or (), self.lo, self.hi, abs_max,
-                          p001, p999, mean, math.sqrt(var), self.count)
-
-
-def array_range(name: str, x: np.ndarray) -> ValueRange:
-    """The :class:`ValueRange` of one array of samples (leading axis = samples)."""
-    acc = RangeAccumulator(name, PERCENTILE_SAMPLES / max(1, len(x)))
-    acc.update(x)
-    return acc.result()
 
 
 def _input_dependent_floats(proto: onnx.ModelProto) -> tuple[onnx.ValueInfoProto, list[tuple[str, int]]]:
@@ -188,12 +104,11 @@ def profile_onnx_ranges(model: ModelLike, x: np.ndarray, batch_size: int = 256) 
     session = inference_session(exposed.SerializeToString(), options)
     input_type = onnx.helper.tensor_dtype_to_np_dtype(graph_input.type.tensor_type.elem_type)
     names = [name for name, _ in values]
-    quota = PERCENTILE_SAMPLES / len(x)
-    accumulators = {n: RangeAccumulator(n, quota, seed=i) for i, n in enumerate([graph_input.name, *names])}
+    profile: RangeProfile[str] = RangeProfile(len(x), PERCENTILE_SAMPLES)
     for start in range(0, len(x), batch_size):
         xb = x[start:start + batch_size].astype(input_type, copy=False)
-        accumulators[graph_input.name].update(xb)
+        profile.observe(graph_input.name, xb)
         for name, out in zip(names, session.run(names, {graph_input.name: xb}), strict=True):
-            accumulators[name].update(out)
-    log.info("profiled %d values over %d samples", len(accumulators), len(x))
-    return {name: acc.result() for name, acc in accumulators.items()}
+            profile.observe(name, out)
+    log.info("profiled %d values over %d samples", len(profile.accumulators), len(x))
+    return profile.ranges()

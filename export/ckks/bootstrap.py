@@ -187,24 +187,23 @@ def insert_bootstraps(steps: Sequence[Step], plan: BootstrapPlan, ranges: dict[i
 def calibrated_ranges(program, samples: np.ndarray, registers: set[int], slots: int) -> dict[int, tuple[float, float]]:
     """(min, max) over the first ``slots`` real slots of each of ``registers``, running ``program`` (without its
     bootstraps) on plain ``samples`` exactly as packed under encryption."""
+    from polyfhe.calibration.reduction import RangeProfile
     from polyfhe.runtime.execute import NumpyOps, execute, pack_single
 
     m = program.manifest
-    lo = {r: math.inf for r in registers}
-    hi = {r: -math.inf for r in registers}
+    profile: RangeProfile[int] = RangeProfile()
 
     def observe(register: int, value) -> None:
         if register in registers:
-            head = np.asarray(value)[:slots]
-            lo[register] = min(lo[register], float(head.min()))
-            hi[register] = max(hi[register], float(head.max()))
+            profile.observe(register, np.asarray(value)[:slots])
 
     flat = np.asarray(samples, dtype=np.float64).reshape(len(samples), -1)
     lanes = m.samples_per_ciphertext
     for start in range(0, len(flat), lanes):
         execute(program, NumpyOps(m.params.slots), pack_single(m, flat[start:start + lanes]), observe=observe,
                 threads=1)
-    return {r: (lo[r], hi[r]) for r in registers}
+    found = profile.extremes()
+    return {r: found.get(r, (math.inf, -math.inf)) for r in registers}
 
 
 def refresh_slots(steps: Sequence[Step], plan: BootstrapPlan, input_period: int, lanes: int, slots: int) -> int:

@@ -115,9 +115,13 @@ class Circuit:
         return regs if keep else regs[self.output]
 
     def value_ranges(self, x: np.ndarray) -> dict[int, float]:
-        """Max |value| of every register on the calibration batch ``x``."""
-        regs = self.evaluate(x, keep=True)
-        return {reg: float(np.max(np.abs(v))) if v.size else 0.0 for reg, v in regs.items()}
+        """Max |value| of every register on the calibration batch ``x`` (the shared range reduction)."""
+        from polyfhe.calibration.reduction import RangeProfile
+
+        profile: RangeProfile[int] = RangeProfile()
+        for reg, values in self.evaluate(x, keep=True).items():
+            profile.observe(reg, values)
+        return profile.abs_max()
 
 
 def _eval_linear(node: LinearNode, regs: dict[int, np.ndarray]) -> np.ndarray:
