@@ -30,6 +30,7 @@ import numpy as np
 
 from polyfhe.program.engines import BACKEND_NAMES, get_backend
 from polyfhe.program.params import CKKSParams
+from polyfhe.program.sizes import poly_bytes
 from polyfhe.runtime.opcosts import OpSite, Tally, merge
 from polyfhe.runtime.workload_types import Workload, data_primes, empty_counters
 
@@ -262,7 +263,7 @@ def traced_workload(traced: TracedModel, engine: str, params: CKKSParams, *, boo
             counters["key_switches"] += babies + giants
             counters["plain_products"] += products
             plaintexts += products
-            plain_bytes += products * n * (p + traits.special_primes_in_plaintexts) * 8
+            plain_bytes += products * poly_bytes(n, p + traits.special_primes_in_plaintexts)
             peak = max(peak, live + n_in * 2 + n_out)
         elif op.kind == "product":
             tally = merge(tally, {OpSite("ct_product", n, p, p): n_out, OpSite("rescale", n, p): n_out})

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from polyfhe.program.rns_scan import scan_polynomial
+from polyfhe.program.sizes import key_switching_key_bytes
 from polyfhe.program.wire import WireError
 
 __all__ = ["BOOT_KEY_NAMES", "BootKeyShape", "KeyShape", "KeySummary", "check_bootstrap_keys", "check_ciphertext",
@@ -82,8 +83,9 @@ class KeyShape:
 
     @property
     def key_bytes(self) -> int:
-        row = 16 + 2 * (16 + 8 * (self.q + self.p) + 8 * self.n * (self.q + self.p))
-        return 16 + self.rows * row
+        primes = self.q + self.p  # each row: a two-polynomial ciphertext, every polynomial with its primes listed
+        return key_switching_key_bytes(self.n, self.rows, primes, digit_framing=16 + 2 * (16 + 8 * primes),
+                                       framing=16)
 
     @property
     def galois_key_bytes(self) -> int:

@@ -10,6 +10,7 @@ import struct
 import numpy as np
 
 from polyfhe.engines.lattigo.format import bootstrap_spec, bsgs_rotations, lower_program, parse_container
+from polyfhe.program.sizes import poly_bytes
 from polyfhe.runtime.opcosts import OpSite, Tally, merge
 from polyfhe.runtime.workload_types import Workload, empty_counters
 
@@ -66,7 +67,7 @@ def compiled_workload(program) -> Workload:
             counters["plain_products"] += count
             held = count + ("bias_0" in node["blob_refs"])
             plaintexts += held
-            plain_bytes += held * n * (primes + 1) * 8  # each at its level plus the special prime
+            plain_bytes += held * poly_bytes(n, primes + 1)  # each at its level plus the special prime
             peak = max(peak, live + len(babies) + 2)
         elif op in ("quad", "mult"):
             tally = merge(tally, {OpSite("ct_product", n, primes, primes): 1.0, OpSite("rescale", n, primes): 1.0})
