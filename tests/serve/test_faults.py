@@ -13,18 +13,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import struct
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+import seal_bombs as sb  # tests/testlib, on pytest's pythonpath
 from serve_testlib import TINY, start_server
 
 from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, MAGIC, pack, unpack
@@ -33,20 +31,6 @@ from polyfhe.serve.http_client import ServeClient
 pytestmark = pytest.mark.fhe
 
 OCTETS = {"Content-Type": "application/octet-stream"}
-
-
-def _seal_bombs():
-    if "seal_bombs" in sys.modules:
-        return sys.modules["seal_bombs"]
-    path = Path(__file__).resolve().parents[1] / "fhe" / "seal_bombs.py"
-    spec = importlib.util.spec_from_file_location("seal_bombs", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["seal_bombs"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-sb = _seal_bombs()
 
 
 # ------------------------------------------------------------------------------------------------------------
