@@ -142,7 +142,7 @@ def compiled_prediction(program, *, machine_bytes: int | None = -1) -> CostPredi
 def program_cost(program, *, machine_bytes: int | None = -1) -> CostReport:
     """The report for an already compiled program."""
     m = program.manifest
-    return CostReport(str(m.info.get("model_name", program.program_id)), m.input_shape[-1] if m.input_shape else None,
+    return CostReport(m.model_name if m.model_name is not None else program.program_id, m.input_shape[-1] if m.input_shape else None,
                       compiled_prediction(program, machine_bytes=machine_bytes), "compiled", m.params.levels)
 
 

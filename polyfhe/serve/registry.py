@@ -70,12 +70,11 @@ class Model:
         if self.program.scheme == "concrete":
             return self._describe_concrete()
         m, p = self.program.manifest, self.program.params
-        info = m.info
         sizes = estimated_sizes(self.program)
         out = {
-            "name": self.name, "scheme": "ckks", "program_id": m.program_id, "model_name": info.get("model_name"),
+            "name": self.name, "scheme": "ckks", "program_id": m.program_id, "model_name": m.model_name,
             "layout": m.layout, "input_shape": list(m.input_shape), "classes": m.output_size,
-            "degree": info.get("degree"), "depth": m.depth, "levels": p.levels,
+            "degree": m.degree, "depth": m.depth, "levels": p.levels,
             "params": p.to_dict(), "params_text": p.describe(), "galois_keys": len(m.galois_steps),
             "input_range": list(m.input_range),
             "key_sizes": {"estimated_public_context_bytes": sizes["public_context"],
