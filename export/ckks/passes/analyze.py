@@ -1,4 +1,5 @@
-"""Pass ``analyze``: refuse a graph that is not polynomial, naming its offending nodes.
+"""Pass ``analyze``: refuse a graph that is not polynomial, or polynomial but not lowered by the CKKS compiler,
+naming its offending nodes.
 
 Reads ``proto`` and ``report``; writes ``report`` (the analyzer runs only when the ``onnx`` pass brought none).
 """
@@ -19,6 +20,11 @@ def run(state: CompileState) -> None:
     if not state.report.polynomial:
         shown = "; ".join(f"{v.node} ({v.op}): {v.reason}" for v in state.report.violations[:8])
         raise CKKSExportError(f"{state.name} is not polynomial, so it cannot run under CKKS: {shown}")
+    missing = state.report.not_lowered_by("ckks")
+    if missing:
+        shown = "; ".join(f"{entry.node} ({entry.op}): {entry.reason}" for entry in missing[:8])
+        raise CKKSExportError(f"{state.name} is polynomial (degree {state.report.degree}) but the CKKS compiler does "
+                              f"not lower every node yet: {shown}")
 
 
 PASS = Pass("analyze", run, ("report",))

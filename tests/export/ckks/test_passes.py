@@ -116,3 +116,19 @@ def test_each_pass_writes_only_the_fields_it_declares(case):
         assert doc.startswith(f"Pass ``{step.name}``") and all(f"``{f}``" in doc for f in step.writes)
     assert state.program is not None and {"proto", "circuit", "params", "plan", "planned", "program"} <= written
     assert ("boot_info" in written) == (case == "lattigo bootstrapped")
+
+
+def test_a_polynomial_graph_the_compiler_does_not_lower_is_refused_by_name():
+    """Gemm of two encrypted operands is polynomial (degree 2), but not lowered: the analyze pass says so."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+             helper.make_node("Gemm", ["x", "xt"], ["y"], name="gemm_xx")]
+    graph = helper.make_graph(nodes, "gemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(CKKSExportError, match=r"is polynomial \(degree 2\) but the CKKS compiler does not lower "
+                                              r"every node yet: gemm_xx \(Gemm\)"):
+        export_ckks(proto, calibration=np.random.default_rng(0).random((4, 4), dtype=np.float32),
+                    input_shape=(4,))
