@@ -203,7 +203,7 @@ def test_unimplemented_op_is_refused_naming_the_node():
 def test_user_style_channel_split_compiles_after_shape_folding(tmp_path):
     """``h[:, :h.shape[1] // 2]`` and ``reshape(x.shape[0], -1)``: Concrete ML refuses the shape arithmetic
     (a bare AssertionError) unless polyfhe folds it first."""
-    from tests.concrete.test_concrete_boundary import ChannelSplit
+    from test_concrete_boundary import ChannelSplit
 
     x, _, xt, _ = digits()
     prog = export_concrete(ChannelSplit.build(), x[:100], n_bits=4, rounding_threshold_bits=6,
