@@ -117,7 +117,7 @@ def _insecure_params() -> dict:
     logn = os.environ.get("POLYFHE_BENCH_INSECURE_RING")
     if not logn:
         return {}
-    params = _tree_attr("CKKSParams", "polyfhe.program.params", "polyfhe.fhe.params")
+    params = _tree_attr("CKKSParams", "polyfhe.fhe.params", "polyfhe.program.params")
     return {"params": params(1 << int(logn), (60, *(40,) * 7, 60), 40, security="none"), "allow_insecure": True}
 
 
@@ -218,7 +218,8 @@ def _bootstrap_summary(boot: dict | None) -> dict:
 
 def _tree_attr(name: str, *modules: str):
     """``name`` from the first of ``modules`` this tree has: a baseline from before the package redesign keeps
-    its modules under their old names (``polyfhe.fhe...``); ImportError when none holds it."""
+    its modules under their old names (``polyfhe.fhe...``). List the old name first: this tree's editable install
+    would otherwise lend a baseline process the new module. ImportError when none holds it."""
     import importlib
 
     for module in modules:
@@ -239,7 +240,7 @@ def stage_server(program: Path, work: Path) -> dict:
     warm_s = None
     if os.environ.get("POLYFHE_BENCH_WARM") == "1":  # --warm: plaintexts encoded before the first query
         try:
-            warm_plaintexts = _tree_attr("warm_plaintexts", "polyfhe.engines.seal.prewarm", "polyfhe.fhe.prewarm")
+            warm_plaintexts = _tree_attr("warm_plaintexts", "polyfhe.fhe.prewarm", "polyfhe.engines.seal.prewarm")
         except ImportError:  # a baseline tree from before prewarm.py
             pass
         else:
@@ -264,7 +265,7 @@ def _dot_kernel(backend: str) -> str | None:
     if backend != "seal":
         return None
     try:
-        dot_available = _tree_attr("dot_available", "polyfhe.engines.seal.native", "polyfhe.fhe.seal_native")
+        dot_available = _tree_attr("dot_available", "polyfhe.fhe.seal_native", "polyfhe.engines.seal.native")
     except ImportError:
         return "no"
     return "yes" if dot_available() else "no"
@@ -297,7 +298,7 @@ def stage_keys(folder: Path, program: Path, work: Path, images: int) -> dict:
 def stage_decrypt(program: Path, work: Path, images: int) -> dict:
     """The client's second half: restored from its backup and the public context it made, it decrypts."""
     import polyfhe
-    restore_client = _tree_attr("restore_client", "polyfhe.program.engines", "polyfhe.fhe.backends")
+    restore_client = _tree_attr("restore_client", "polyfhe.fhe.backends", "polyfhe.program.engines")
 
     prog = polyfhe.load_program(program)
     with open(work / "context.bin", "rb") as f:
@@ -377,6 +378,13 @@ def baseline_tree(ref: str, root: Path) -> Path:
         link = root / "polyfhe" / sub
         if not link.exists():
             link.symlink_to(Path("..") / sub)
+    # its own compiled kernels: without them its SEAL server would run on the bindings alone (2-3x slower), and
+    # this tree's editable install cannot lend them once the module names differ
+    build = subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "build_ext", "--inplace",
+                            "-q"], cwd=root, capture_output=True, text=True, check=False)
+    if build.returncode:
+        log.warning("the baseline's native kernels did not build (its SEAL runs on the bindings): %s",
+                    build.stderr.strip().splitlines()[-1:] or "no message")
     return root
 
 
