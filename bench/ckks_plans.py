@@ -101,7 +101,7 @@ def _trained_by_polyfhe(name: str):
     with tempfile.TemporaryDirectory() as out:
         result = polyfhe.train(name, "fashion-mnist", epochs=SETTLE_EPOCHS, out_dir=Path(out) / "run", device="cpu",
                                train_subset=SETTLE_IMAGES, batch_size=128, lr=2e-3, augment="none", progress=False,
-                               seed=0)
+                               seed=0, model_kwargs=_model_kwargs())
     return result.normalization.prepend_to(result.model).eval()
 
 
