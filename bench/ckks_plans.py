@@ -357,7 +357,9 @@ class StageFailed(RuntimeError):
 def _run_stage(args: list[str], env: dict) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", *args, "--stage-out", out.name]
-        proc = subprocess.run(cmd, env=env, stderr=subprocess.PIPE, text=True, check=False)
+        # in the tree's own folder: a child it starts with ``python -m`` finds the tree's package first
+        proc = subprocess.run(cmd, env=env, stderr=subprocess.PIPE, text=True, check=False,
+                              cwd=env.get("POLYFHE_BENCH_TREE"))
         sys.stderr.write(proc.stderr)
         if proc.returncode:
             lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -395,6 +397,7 @@ def tree_env(tree: Path | None) -> dict:
     env = {**GO_ENV_DEFAULTS, **os.environ}
     if tree is not None:  # a path entry wins over the editable install's finder
         env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env["POLYFHE_BENCH_TREE"] = str(tree)
     return env
 
 
