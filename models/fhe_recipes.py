@@ -2,7 +2,7 @@
 
 The CKKS compiler packs one flattened image per ciphertext, so every intermediate tensor must fit the 8192
 slots of N=16384, and the folded graph should need at most 11 levels (ckks.md 1.3: N=16384 at a 30-bit
-scale). Both recipes reduce 28x28 to a 7x7 token grid in their first (linear) layer: 49 tokens leave room
+scale). The recipes reduce 28x28 to a 7x7 token grid in their first (linear) layer: 49 tokens leave room
 for 128-160 channels, while 196 tokens would cap the width near 40 (MONet) or 10 (PolyNeXt's head).
 
 * ``monet_fhe_bn``: MONet-BN, patch 2 + pyramid 2x2 (one 4x4/4 conv after folding), 2 Poly-Blocks of width
@@ -11,12 +11,16 @@ for 128-160 channels, while 196 tokens would cap the width near 40 (MONet) or 10
 * ``cpolynext_fhe_bn``: one CPolyNeXt-BN cell on the ImageNet stem (7x7 stride 4 -> 7x7) with 40 channels
   (PolyHead's 4C = 160 channels give the widest tensor, 7840), 2 stacks, PolyConv hidden 3C, PolyMLP 4C:
   degree 32, ct x ct depth 5, 11 levels.
+* ``apolynext_fhe_bn``: the same stem and head around one APolyNeXt-BN cell whose mixer is PolyAttn: 40
+  channels (one head, attention width 32, scores 49x49 = 2401 per image), 1 stack (PolyAttn + PolyMLP 4C):
+  degree 36, ct x ct depth 6 (PolyAttn alone is 4: Q K^T, two squarings, A V), 11 levels. A second stack
+  needs 19 levels (N=32768), a third 27 (bootstrapping).
 
-Both reached >= 90% on Fashion-MNIST (``bench/levels_vs_accuracy.py``, 25 epochs, see docs/fhe-recipes.md).
-They are plain :class:`MONet` / :class:`PolyNeXt` instances, so ``fold()`` and the ONNX export apply
-unchanged. ``img_size``, ``in_chans`` and ``num_classes`` can be overridden (``img_size=8`` for scikit-learn's
-digits gives 2x2 tokens), as can the MONet config fields and the cell's ``channels``, ``stacks``,
-``exp_conv``, ``exp_mlp``.
+The first two reached >= 90% on Fashion-MNIST (``bench/levels_vs_accuracy.py``, 25 epochs, see
+docs/fhe-recipes.md). All are plain :class:`MONet` / :class:`PolyNeXt` instances, so ``fold()`` and the ONNX
+export apply unchanged. ``img_size``, ``in_chans`` and ``num_classes`` can be overridden (``img_size=8`` for
+scikit-learn's digits gives 2x2 tokens), as can the MONet config fields and the cells' ``channels``,
+``stacks``, ``exp_mlp`` (and CPolyNeXt's ``exp_conv``).
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from polyfhe.models.monet import MONet, MONetConfig, build_monet
 from polyfhe.models.polynext import ARCHS, PolyNeXt, PolyNeXtArch, StageConfig, build_polynext
 from polyfhe.models.registry import register_model
 
-__all__ = ["CPOLYNEXT_FHE", "MONET_FHE", "MONET_FHE_DEEP", "build_cpolynext_fhe", "build_monet_fhe",
-           "build_monet_fhe_deep", "cpolynext_fhe_arch"]
+__all__ = ["APOLYNEXT_FHE", "CPOLYNEXT_FHE", "MONET_FHE", "MONET_FHE_DEEP", "apolynext_fhe_arch",
+           "build_apolynext_fhe", "build_cpolynext_fhe", "build_monet_fhe", "build_monet_fhe_deep",
+           "cpolynext_fhe_arch"]
 
 _FHE_CFG = {"num_classes": 10, "img_size": 28, "in_chans": 1}
 
@@ -44,6 +49,9 @@ MONET_FHE_DEEP = MONetConfig(
 )
 # channels, stacks, exp_conv, exp_mlp of the one-cell CPolyNeXt recipe.
 CPOLYNEXT_FHE: dict[str, Any] = {"channels": 40, "stacks": 2, "exp_conv": 3.0, "exp_mlp": 4.0}
+# channels, stacks, exp_mlp of the one-cell APolyNeXt recipe (PolyAttn has no expansion: one head of width 32
+# per 64 channels).
+APOLYNEXT_FHE: dict[str, Any] = {"channels": 40, "stacks": 1, "exp_mlp": 4.0}
 
 
 def build_monet_fhe(**overrides: Any) -> MONet:
@@ -73,6 +81,24 @@ def build_cpolynext_fhe(**overrides: Any) -> PolyNeXt:
     return build_polynext(arch, norm="bn", **overrides)
 
 
+def apolynext_fhe_arch(channels: int, stacks: int, exp_mlp: float) -> PolyNeXtArch:
+    """One APolyNeXt cell of ``stacks`` (PolyAttn, PolyMLP) pairs; T-style paired Sigmoid-Scales."""
+    if channels < 1 or stacks < 1:
+        raise ValueError(f"channels and stacks must be positive, got channels={channels}, stacks={stacks}")
+    # exp_conv and the coarse kernel are unused by the attention mixer; 1.0 keeps conv_hidden meaningful.
+    stage = StageConfig(channels, 1, stacks, 1.0, exp_mlp, mixer="attn")
+    return PolyNeXtArch(
+        name="APolyNeXt-FHE", stages=(stage,), stem="imagenet", downsample=("sep3x3", "sep3x3"),
+        skip_logits=ARCHS["t"].skip_logits, skip_paired=True,
+    )
+
+
+def build_apolynext_fhe(**overrides: Any) -> PolyNeXt:
+    """One-cell APolyNeXt-BN: stem 7x7/4 (28 -> 7x7), 40 channels, 1 stack of (PolyAttn, PolyMLP), PolyHead."""
+    arch = apolynext_fhe_arch(**{k: overrides.pop(k, v) for k, v in APOLYNEXT_FHE.items()})
+    return build_polynext(arch, norm="bn", **overrides)
+
+
 register_model(
     "monet_fhe_bn", family="monet", norm="bn", default_cfg=_FHE_CFG,
     description="MONet-BN for CKKS: 2 Poly-Blocks x 128 on 7x7 tokens (<= 8192 slots, 9 levels)",
@@ -85,3 +111,7 @@ register_model(
     "cpolynext_fhe_bn", family="polynext", norm="bn", default_cfg=_FHE_CFG,
     description="CPolyNeXt-BN for CKKS: one cell x 40 channels, 2 stacks on 7x7 (<= 8192 slots, 11 levels)",
 )(build_cpolynext_fhe)
+register_model(
+    "apolynext_fhe_bn", family="polynext", norm="bn", default_cfg=_FHE_CFG,
+    description="APolyNeXt-BN for CKKS: one PolyAttn cell x 40 channels, 1 stack on 7x7 (<= 8192 slots, 11 levels)",
+)(build_apolynext_fhe)

@@ -17,14 +17,17 @@ from polyfhe.models.layers.norms import ChannelBatchNorm, RunningRowSumNorm
 from polyfhe.models.layers.token_norms import TokenBatchNorm
 from polyfhe.zoo import count_parameters
 
-RECIPES = ("monet_fhe_bn", "cpolynext_fhe_bn")
+RECIPES = ("monet_fhe_bn", "cpolynext_fhe_bn", "apolynext_fhe_bn")
 SLOTS_N16384 = 8192
 MAX_LEVELS = 19  # N=32768 at a 40-bit scale (ckks.md 1.3); the recipes aim for 11 (N=16384)
 # Documented in docs/fhe-recipes.md: params at 28x28 and 8x8, degree, ct x ct depth, levels, largest tensor.
 EXPECTED = {
     "monet_fhe_bn": (236_174, 236_174, 16, 4, 9, 6272),
     "cpolynext_fhe_bn": (54_750, 54_480, 32, 5, 11, 7840),
+    "apolynext_fhe_bn": (25_399, 25_129, 36, 6, 11, 7840),
 }
+# ct x ct products and plaintext-linear maps after folding (the analyzer table of docs/fhe-recipes.md).
+EXPECTED_OPS = {"monet_fhe_bn": (4, 18), "cpolynext_fhe_bn": (5, 26), "apolynext_fhe_bn": (6, 18)}
 
 
 def _calibrated(name: str, img_size: int) -> torch.nn.Module:
@@ -99,7 +102,8 @@ def test_recipe_fits_ckks_at_n16384(name: str, tmp_path: Path) -> None:
     report = exported.analysis
     assert report.polynomial and not report.violations
     assert (report.degree, report.mult_depth, report.levels) == (degree, depth, levels)
-    assert report.levels <= min(MAX_LEVELS, 11)
+    assert (report.op_counts.ct_ct_mults, report.op_counts.pt_mults) == EXPECTED_OPS[name]
+    assert report.levels <= min(MAX_LEVELS, 11) and not report.not_lowered_by("ckks")
     sizes = _value_sizes(exported.path, (1, 28, 28))
     biggest = max(sizes, key=sizes.get)
     assert sizes[biggest] == largest and sizes[biggest] <= SLOTS_N16384, biggest
@@ -118,3 +122,38 @@ def test_cpolynext_recipe_rejects_bad_cell_options() -> None:
         polyfhe.create_model("cpolynext_fhe_bn", stacks=0)
     with pytest.raises(ValueError, match="skip logits"):
         polyfhe.create_model("cpolynext_fhe_bn", stacks=9)
+
+
+def test_apolynext_recipe_rejects_bad_cell_options() -> None:
+    with pytest.raises(ValueError, match="channels and stacks must be positive"):
+        polyfhe.create_model("apolynext_fhe_bn", channels=0)
+    with pytest.raises(ValueError, match="skip logits"):
+        polyfhe.create_model("apolynext_fhe_bn", stacks=9)
+    with pytest.raises(TypeError):
+        polyfhe.create_model("apolynext_fhe_bn", exp_conv=2.0)  # PolyAttn has no expansion to set
+
+
+def test_apolynext_recipe_is_one_attention_cell() -> None:
+    model = polyfhe.create_model("apolynext_fhe_bn")
+    (cell,) = model.cells
+    (mixer,) = cell.mixers
+    attn = mixer.attn
+    assert type(attn).__name__ == "PolyAttn" and attn.n_heads == 1 and attn.width == 32
+    assert isinstance(attn.norm, RunningRowSumNorm) and attn.norm.tokens == 49  # 7x7 tokens
+    assert cell.mlps[0].hidden == 160 and model.head.proj.out_channels == 160
+    wide = polyfhe.create_model("apolynext_fhe_bn", channels=64, stacks=2, exp_mlp=2.0)
+    assert len(wide.cells[0].mixers) == 2 and wide.cells[0].mixers[0].attn.n_heads == 1
+    assert wide.cells[0].mlps[0].hidden == 128
+    assert polyfhe.create_model("apolynext_fhe_bn", channels=65).cells[0].mixers[0].attn.n_heads == 2
+
+
+def test_apolynext_recipe_scores_and_stacks(tmp_path: Path) -> None:
+    """The attention scores are heads x 49 x 49 per image; a second stack needs N=32768's 19 levels."""
+    exported = export_onnx(_calibrated("apolynext_fhe_bn", 28).float(), tmp_path / "one.onnx")
+    sizes = _value_sizes(exported.path, (1, 28, 28))
+    assert any("mixers" in name and size == 49 * 49 for name, size in sizes.items())
+    two = polyfhe.create_model("apolynext_fhe_bn", stacks=2).double()
+    recompute_running_stats(two, [torch.rand(32, 1, 28, 28, dtype=torch.float64)])
+    report = export_onnx(two.float(), tmp_path / "two.onnx").analysis
+    assert report.polynomial and (report.degree, report.mult_depth, report.levels) == (648, 11, 19)
+    assert report.levels <= MAX_LEVELS
