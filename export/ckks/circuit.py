@@ -72,6 +72,8 @@ class Circuit:
     # (some more than once) at slots ``input_slots``; None: register 0 is the flat input itself
     input_gather: np.ndarray | None = None
     input_slots: np.ndarray | None = None
+    # the single layout's ct x ct MatMuls: per MatMul, the algorithm chosen and the candidates' costs
+    matmuls: list[dict] = field(default_factory=list)
 
     @property
     def input_size(self) -> int:

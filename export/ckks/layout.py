@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 FALLBACK = -1  # key of choose_layouts' result when it fell back to natural layouts
 UNBOUNDED_SLOTS = 1 << 62  # for estimates made before the ring (hence the slot count) is chosen
 
-__all__ = ["UNBOUNDED_SLOTS", "choose_layouts", "circuit_input_packing", "diagonal_count", "input_packing"]
+__all__ = ["UNBOUNDED_SLOTS", "candidate_layouts", "choose_layouts", "circuit_input_packing", "diagonal_count", "input_packing"]
 
 
 def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -172,6 +172,11 @@ def _candidates(shape: tuple[int, ...], slots: int) -> list[np.ndarray]:
     tensors: ``c*T' + t``), each with its token blocks padded to a power of two, then both unpadded.
     """
     return [slot_of for slot_of, _ in _blocked_candidates(shape, slots)]
+
+
+def candidate_layouts(shape: tuple[int, ...], slots: int) -> list[np.ndarray]:
+    """The layouts the planner tries for a register of this shape, preferred first."""
+    return _candidates(shape, slots)
 
 
 def preferred_layout(shape: tuple[int, ...]) -> np.ndarray:

@@ -31,6 +31,7 @@ def manifest_info(state: CompileState) -> dict:
         "model_name": state.name, "degree": circuit.degrees()[circuit.output], "depth": circuit.depth,
         "analyzer": {"degree": report.degree, "mult_depth": report.mult_depth, "levels": report.levels},
         **({"level_spend": state.spend_info} if state.spend_info else {}),
+        **({"matmuls": circuit.matmuls} if circuit.matmuls else {}),
         **({"memory_spend": {**state.memory_spend, "depth": circuit.depth}} if state.memory_spend else {}),
         "output_shape": list(circuit.output_shape), **state.plan.stats, **state.ranges.info,
     }
