@@ -117,3 +117,5 @@ class Backend:
     # encode a program's plaintexts before its first query (returns stats with encoded, seconds, bytes); None:
     # the engine encodes them when it loads the program
     warm_plaintexts: Callable[[Any], Any] | None = None
+    # the most registers (ciphertexts) one ct x ct MatMul of the single layout may be spread over; None: any
+    matmul_registers: int | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from functools import lru_cache
 
 from polyfhe.exporters.ckks.affine import LoweringError
 from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode, node_reads
@@ -22,12 +23,13 @@ from polyfhe.exporters.ckks.matmul.associate import reassociate
 from polyfhe.exporters.ckks.matmul.rewrite import Expansion
 from polyfhe.exporters.ckks.matmul.space import MatMulShape, matmul_index_maps
 from polyfhe.program.bootparams import BOOTSTRAP_RING
-from polyfhe.program.params import RING_SIZES, CKKSParams
+from polyfhe.program.params import RING_SIZES, CKKSParams, ParameterError, choose_params
 
 __all__ = ["ALGORITHMS", "algorithm_names", "expand_matmuls", "matmul_index_maps", "slots_available"]
 
 log = logging.getLogger(__name__)
-LOOKAHEAD = 3  # a MatMul feeding another is tried with this many of its cheapest algorithms
+LOOKAHEAD = 2  # a MatMul feeding another is tried with this many of its cheapest algorithms
+PREFERRED_RING = 16384
 PREFERRED_SLOTS = 8192  # N=16384: the ring most single-layout programs get; larger registers force N=32768
 
 
@@ -71,12 +73,13 @@ def _candidates(circuit: Circuit, nodes: list, node: MatMulNode, slots: int, fir
     return found
 
 
-def expand_matmuls(circuit: Circuit, slots: int, algorithm: str | None = None, reassociate_chains: bool = True
-                   ) -> Circuit:
+def expand_matmuls(circuit: Circuit, slots: int, algorithm: str | None = None, reassociate_chains: bool = True,
+                   max_registers: int | None = None, engine: str = "") -> Circuit:
     """A copy of ``circuit`` with every :class:`MatMulNode` rewritten into gathers, products and sums.
 
     ``slots``: the most slots a register may take (the ring's); the registers are sized to what the rest of the
-    circuit needs (:func:`register_slots`). ``algorithm``: force one (a name of :data:`ALGORITHMS`; tests and
+    circuit needs (:func:`register_slots`). ``max_registers``: the most registers one MatMul may use (the
+    engine's limit; ``engine`` names it in the refusal). ``algorithm``: force one (a name of :data:`ALGORITHMS`; tests and
     benchmarks), else the cheapest by the cost model. The circuit computes the same function exactly (0/1 maps);
     :class:`LoweringError` when no algorithm fits ``slots``.
     """
@@ -84,18 +87,51 @@ def expand_matmuls(circuit: Circuit, slots: int, algorithm: str | None = None, r
         raise ValueError(f"unknown MatMul algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
     if not any(isinstance(n, MatMulNode) for n in circuit.nodes):
         return circuit
+    target = register_slots(circuit, slots)
+    wider = 2 * target
+    if ring_for(circuit.depth) >= 2 * wider and wider <= slots:
+        target, wider = wider, 0  # deep enough for the larger ring before any MatMul is expanded: its slots
+    limit = (max_registers, engine)
+    out = _expand(circuit, target, algorithm, reassociate_chains, limit)
+    if wider and ring_for(out.depth) >= 2 * wider and wider <= slots:
+        # the plan needs the larger ring anyway: registers as wide as its slots halve the products and gathers
+        widened = _expand(circuit, wider, algorithm, reassociate_chains, limit)
+        if planned_cost(widened, widened.nodes, wider) < planned_cost(out, out.nodes, target):
+            log.info("registers of %d slots: the plan needs N=%d anyway", wider, ring_for(out.depth))
+            out = widened
+    log.info("%d ct x ct MatMul(s) expanded: largest register %d values, depth %d -> %d",
+             len(out.matmuls), out.max_size(), circuit.depth, out.depth)
+    return out
+
+
+def _expand(circuit: Circuit, target: int, algorithm: str | None, reassociate_chains: bool,
+            limit: tuple[int | None, str] = (None, "")) -> Circuit:
+    """One expansion with registers of at most ``target`` slots (on a copy of ``circuit``)."""
     out = replace(circuit, nodes=[replace(n, inputs=list(n.inputs), matrices=list(n.matrices))
                                   if isinstance(n, LinearNode) else n for n in circuit.nodes],
                   sizes=dict(circuit.sizes), shapes=dict(circuit.shapes), matmuls=[])
-    before = circuit.depth
     if reassociate_chains:
         out = reassociate(out)
-    target = register_slots(out, slots)
     level_cost = circuit_cost(out) / max(1, out.depth)
     nodes, next_reg = list(out.nodes), max(out.sizes) + 1
     operands: set[int] = set()
     for node in [n for n in out.nodes if isinstance(n, MatMulNode)]:
         options = _candidates(out, nodes, node, target, next_reg, algorithm)
+        most, engine = limit
+        if most is not None:
+            fitting = [e for e in options if len(e.tiles) <= most]
+            if options and not fitting:
+                shape = MatMulShape.of(node.a_shape, node.b_shape, node.out_shape)
+                raise LoweringError(
+                    f"{node.label}: a ct x ct MatMul of {shape.describe()} (batch x M x N x K) needs "
+                    f"{min(len(e.tiles) for e in options)} registers of {target} slots; engine {engine!r} runs it in "
+                    f"at most {most} (it fits when batch x M x N x K <= {target * most}); use backend='seal', "
+                    "fewer tokens or heads, or layout='batch'")
+            options = fitting
+        if not options and algorithm is not None:
+            raise LoweringError(f"{node.label}: algorithm {algorithm!r} does not apply to a MatMul of "
+                                f"{MatMulShape.of(node.a_shape, node.b_shape, node.out_shape).describe()} in "
+                                f"registers of {target} slots; leave the choice to the cost model")
         if not options:
             raise _refusal(node, target)
         best = _best(out, nodes, node, options, target, level_cost, algorithm)
@@ -103,14 +139,16 @@ def expand_matmuls(circuit: Circuit, slots: int, algorithm: str | None = None, r
         nodes, next_reg = best.apply()
         shape = MatMulShape.of(node.a_shape, node.b_shape, node.out_shape)
         out.matmuls.append({"label": node.label, "shape": shape.describe(), **best.summary(),
-                            "candidates": {e.algorithm: round(float(e.cost + level_cost * e.extra_levels), 1)
+                            "candidates": {_name(e): round(float(e.cost + level_cost * e.extra_levels), 1)
                                            for e in options}})
-        log.info("%s (%s): %s, %d register(s) of %s", node.label, shape.describe(), best.algorithm,
+        log.info("%s (%s): %s, %d register(s) of %s", node.label, shape.describe(), _name(best),
                  len(best.tiles), "x".join(map(str, best.tile_shapes[0])))
     out.nodes = _drop_unread(out, nodes, operands)
-    log.info("%d ct x ct MatMul(s) expanded: largest register %d values, depth %d -> %d",
-             len(out.matmuls), out.max_size(), before, out.depth)
     return out
+
+
+def _name(expansion: Expansion) -> str:
+    return expansion.algorithm
 
 
 def _total(expansion: Expansion, level_cost: float) -> float:
@@ -151,7 +189,20 @@ def planned_cost(circuit: Circuit, nodes: list, slots: int) -> float:
                                   for r, m in zip(node.inputs, node.matrices, strict=True)))
         elif isinstance(node, MulNode):
             total += ROTATION_COST
-    return total * (trial.depth + 2)
+    return total * (trial.depth + 2) * ring_for(trial.depth) / PREFERRED_RING
+
+
+@lru_cache(maxsize=64)
+def ring_for(depth: int) -> int:
+    """The ring a leveled program of this depth gets (values near 1, the smallest scale): a deeper plan that
+    crosses into N=32768 doubles every operation's size, which the primes alone do not say."""
+    for ring in RING_SIZES:
+        try:
+            choose_params(depth, 1, 1.0, poly_modulus_degree=ring)
+            return ring
+        except ParameterError:
+            continue
+    return 2 * max(RING_SIZES)
 
 
 def _trial(circuit: Circuit, nodes: list, option: Expansion) -> tuple[list, int, dict, dict]:

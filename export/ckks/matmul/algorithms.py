@@ -10,8 +10,8 @@ cheap depends on how those maps land in the slots, so the choice is left to the 
 * **broadcast** (``replicate`` when it fits one register, ``tiles`` when not): rows ``(n, batch, k)``, columns
   ``m``. Replicating ``a`` along ``n`` is free (registers repeat with their period), replicating ``b`` along
   ``m`` costs a diagonal per column. Small token grids.
-* **offsets**: one of the three axes is *derived* from another by a cyclic offset ``r`` that enumerates the
-  terms: ``derived = (source + r) mod size``. Rows are ``(r, batch, base)``, columns the third axis. Every term
+* **offsets**: one of the three axes is *derived* from the row axis ``base`` by a cyclic offset ``r`` that
+  enumerates the terms: ``derived = (base + r) mod size``. Rows are ``(r, batch, base)``, columns the third axis. Every term
   is then a *permutation* of an operand (a rotation in a channel-major layout), not a broadcast, so the slots
   a register needs are those of the operands and the result, and the gathers cost a few diagonals: the
   diagonal (Halevi-Shoup / Jiang-Kim-Lauter-Song) way of multiplying encrypted matrices, one variant per choice
@@ -99,8 +99,9 @@ def _orderings() -> tuple[Ordering, ...]:
             if derived == cols:
                 continue
             base = next(a for a in AXES if a not in (cols, derived))
-            for source in (cols, base):
-                found.append(Ordering(f"offsets_{derived}_from_{source}_cols_{cols}", cols, derived, source))
+            # derived from the row axis: every row is one term's slice, so a register's rows are whole
+            # rotations of an operand (derived from the column axis, each row would shift within itself)
+            found.append(Ordering(f"offsets_{derived}_from_{base}_cols_{cols}", cols, derived, base))
     return tuple(found)
 
 

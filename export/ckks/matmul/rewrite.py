@@ -58,6 +58,29 @@ def _diagonals(matrix, in_shape: tuple[int, ...], out_shape: tuple[int, ...], in
                for slot_in in ins for slot_out in outs)
 
 
+def _costs_by_layout(circuit: Circuit, inputs: list[int], matrices: list, out_shape: tuple[int, ...],
+                     in_at: dict[int, int] | None = None) -> list[float]:
+    """:func:`_cost` for each candidate layout of the output, the matrices' non-zeros found once."""
+    in_at = in_at or {}
+    outs = _layouts(tuple(out_shape))
+    diagonals = [0] * len(outs)
+    for r, m in zip(inputs, matrices, strict=True):
+        if r == 0:
+            for at in range(len(outs)):
+                diagonals[at] += term_diagonals(sp.csr_matrix(m).T, circuit.shapes[r], out_shape, packed_input=True)
+            continue
+        rows, cols, _ = nonzero(m)
+        if len(rows) == 0:
+            continue
+        ins = _layouts(tuple(circuit.shapes[r]))
+        ins = ins if in_at.get(r) is None else ins[min(in_at[r], len(ins) - 1):][:1]
+        for at, slot_out in enumerate(outs):
+            out_rows = slot_out[rows]
+            diagonals[at] += min(count_offsets(out_rows, slot_in[cols], period_of(slot_out), period_of(slot_in))
+                                 for slot_in in ins)
+    return [map_cost(d) for d in diagonals]
+
+
 def _cost(circuit: Circuit, inputs: list[int], matrices: list, out_shape: tuple[int, ...],
           in_shapes: dict[int, tuple[int, ...]], out_at: int | None = None,
           in_at: dict[int, int] | None = None) -> float:
@@ -123,17 +146,20 @@ class Expansion:
         reg_at = self._operand_layout(reg, source)
         own = None if source is None else _cost(self.circuit, source.inputs, source.matrices,
                                                 self.circuit.shapes[reg], {})
-        found = []
-        for tile_at in range(len(_layouts(self.tile_shapes[0]))):
-            separate = sum(_cost(self.circuit, [reg], [g], s, {}, tile_at, {reg: reg_at})
-                           for g, s in zip(self.gathers[side], self.tile_shapes, strict=True))
-            composed = None
+        layouts = len(_layouts(self.tile_shapes[0]))
+        separate, composed = [0.0] * layouts, None if source is None else [0.0] * layouts
+        for g, shape in zip(self.gathers[side], self.tile_shapes, strict=True):
+            for at, c in enumerate(_costs_by_layout(self.circuit, [reg], [g], shape, {reg: reg_at})):
+                separate[at] += c
             if source is not None:
-                composed = sum(_cost(self.circuit, source.inputs, [g @ m for m in source.matrices], s, {}, tile_at)
-                               for g, s in zip(self.gathers[side], self.tile_shapes, strict=True))
-                if len(self.tiles) > 1 and composed > COMPOSE_SLACK * separate + own:
-                    composed = None  # one register: always composed, as the broadcast rewrite always was
-            found.append((separate, False) if composed is None else (composed, True))
+                matrices = [g @ m for m in source.matrices]
+                for at, c in enumerate(_costs_by_layout(self.circuit, source.inputs, matrices, shape)):
+                    composed[at] += c
+        found = []
+        for at in range(layouts):
+            use = composed is not None and (len(self.tiles) == 1
+                                            or composed[at] <= COMPOSE_SLACK * separate[at] + own)
+            found.append((composed[at], True) if use else (separate[at], False))
         return found
 
     def _plan(self) -> None:

@@ -20,7 +20,8 @@ def run(state: CompileState) -> None:
     options = state.options
     try:
         state.circuit = expand_matmuls(state.circuit, slots_available(options.params, options.poly_modulus_degree,
-                                                                      state.may_bootstrap))
+                                                                      state.may_bootstrap),
+                                       max_registers=state.engine.matmul_registers, engine=options.backend)
     except LoweringError as exc:
         raise CKKSExportError(f"{state.name}: {exc}") from exc
 

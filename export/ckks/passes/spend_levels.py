@@ -51,7 +51,8 @@ def run(state: CompileState) -> None:
     if not decision.factored:
         state.spend_info = decision.to_info()
         return
-    decision = replace(decision, circuit=expand_matmuls(decision.circuit, ring // 2))  # re-lowered: MatMuls again
+    decision = replace(decision, circuit=expand_matmuls(  # re-lowered: MatMuls again
+        decision.circuit, ring // 2, max_registers=state.engine.matmul_registers, engine=options.backend))
     factored = calibration_ranges(decision.circuit, options.calibration)
     if options.params is None:
         try:
