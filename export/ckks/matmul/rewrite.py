@@ -42,37 +42,26 @@ def _layouts(shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
     return tuple(candidate_layouts(shape, 1 << 62)[:2])
 
 
-def _diagonals(matrix, in_shape: tuple[int, ...], out_shape: tuple[int, ...], in_at: int | None = None,
-               out_at: int | None = None) -> int:
-    """Fewest diagonals of ``matrix`` over the candidate layouts of its input and output (``in_at``/``out_at``
-    fix one): the layout planner picks each register's layout for the map that makes it, so a MatMul's
-    operands and registers get whichever order suits them (a ``(tokens, channels)`` tensor is often laid out
-    channel-major)."""
-    rows, cols, _ = nonzero(matrix)
-    if len(rows) == 0:
-        return 0
-    ins, outs = _layouts(tuple(in_shape)), _layouts(tuple(out_shape))
-    ins = ins if in_at is None else ins[min(in_at, len(ins) - 1):][:1]
-    outs = outs if out_at is None else outs[min(out_at, len(outs) - 1):][:1]
-    return min(count_offsets(slot_out[rows], slot_in[cols], period_of(slot_out), period_of(slot_in))
-               for slot_in in ins for slot_out in outs)
-
-
 def _costs_by_layout(circuit: Circuit, inputs: list[int], matrices: list, out_shape: tuple[int, ...],
-                     in_at: dict[int, int] | None = None) -> list[float]:
-    """:func:`_cost` for each candidate layout of the output, the matrices' non-zeros found once."""
-    in_at = in_at or {}
+                     in_at: dict[int, int] | None = None,
+                     in_shapes: dict[int, tuple[int, ...]] | None = None) -> list[float]:
+    """map_cost of one linear map for each candidate layout of its output, diagonals counted as the planner
+    will count them: the program input in the packing its first reader gives it, any other register in its
+    best candidate layout or the one ``in_at`` fixes (the layout planner picks each register's layout for the
+    map that makes it, so a ``(tokens, channels)`` tensor is often channel-major). ``in_shapes``: shapes of
+    registers the circuit does not hold yet (a rewrite's own)."""
+    in_at, in_shapes = in_at or {}, in_shapes or {}
     outs = _layouts(tuple(out_shape))
     diagonals = [0] * len(outs)
     for r, m in zip(inputs, matrices, strict=True):
         if r == 0:
-            for at in range(len(outs)):
-                diagonals[at] += term_diagonals(sp.csr_matrix(m).T, circuit.shapes[r], out_shape, packed_input=True)
+            packed = term_diagonals(sp.csr_matrix(m).T, circuit.shapes[r], out_shape, packed_input=True)
+            diagonals = [d + packed for d in diagonals]
             continue
         rows, cols, _ = nonzero(m)
         if len(rows) == 0:
             continue
-        ins = _layouts(tuple(circuit.shapes[r]))
+        ins = _layouts(tuple(in_shapes.get(r, circuit.shapes.get(r))))
         ins = ins if in_at.get(r) is None else ins[min(in_at[r], len(ins) - 1):][:1]
         for at, slot_out in enumerate(outs):
             out_rows = slot_out[rows]
@@ -84,13 +73,9 @@ def _costs_by_layout(circuit: Circuit, inputs: list[int], matrices: list, out_sh
 def _cost(circuit: Circuit, inputs: list[int], matrices: list, out_shape: tuple[int, ...],
           in_shapes: dict[int, tuple[int, ...]], out_at: int | None = None,
           in_at: dict[int, int] | None = None) -> float:
-    """map_cost of one linear map: diagonals as the planner will count them (the program input in the packing
-    its first reader gives it, other registers in their best candidate layout or the one ``in_at`` fixes)."""
-    in_at = in_at or {}
-    diagonals = sum(term_diagonals(sp.csr_matrix(m).T, circuit.shapes[r], out_shape, packed_input=True) if r == 0
-                    else _diagonals(m, in_shapes.get(r, circuit.shapes.get(r)), out_shape, in_at.get(r), out_at)
-                    for r, m in zip(inputs, matrices, strict=True))
-    return map_cost(diagonals)
+    """:func:`_costs_by_layout` in the output layout ``out_at``, or its best one."""
+    costs = _costs_by_layout(circuit, inputs, matrices, out_shape, in_at, in_shapes)
+    return min(costs) if out_at is None else costs[min(out_at, len(costs) - 1)]
 
 
 @dataclass(eq=False)
