@@ -64,15 +64,20 @@ def build_monet_fhe_deep(**overrides: Any) -> MONet:
     return build_monet(MONET_FHE_DEEP, **overrides)
 
 
-def cpolynext_fhe_arch(channels: int, stacks: int, exp_conv: float, exp_mlp: float) -> PolyNeXtArch:
-    """One CPolyNeXt cell of ``stacks`` (PolyConv, PolyMLP) pairs; T-style paired Sigmoid-Scales."""
+def _one_cell_arch(name: str, channels: int, stacks: int, stage: StageConfig) -> PolyNeXtArch:
+    """A one-cell PolyNeXt on the ImageNet stem with T-style paired Sigmoid-Scales (both FHE recipes)."""
     if channels < 1 or stacks < 1:
         raise ValueError(f"channels and stacks must be positive, got channels={channels}, stacks={stacks}")
-    stage = StageConfig(channels, 1, stacks, exp_conv, exp_mlp, coarse_kernel=3, coarse_dilation=2)
     return PolyNeXtArch(
-        name="CPolyNeXt-FHE", stages=(stage,), stem="imagenet", downsample=("sep3x3", "sep3x3"),
+        name=name, stages=(stage,), stem="imagenet", downsample=("sep3x3", "sep3x3"),
         skip_logits=ARCHS["t"].skip_logits, skip_paired=True,
     )
+
+
+def cpolynext_fhe_arch(channels: int, stacks: int, exp_conv: float, exp_mlp: float) -> PolyNeXtArch:
+    """One CPolyNeXt cell of ``stacks`` (PolyConv, PolyMLP) pairs; T-style paired Sigmoid-Scales."""
+    stage = StageConfig(channels, 1, stacks, exp_conv, exp_mlp, coarse_kernel=3, coarse_dilation=2)
+    return _one_cell_arch("CPolyNeXt-FHE", channels, stacks, stage)
 
 
 def build_cpolynext_fhe(**overrides: Any) -> PolyNeXt:
@@ -83,14 +88,9 @@ def build_cpolynext_fhe(**overrides: Any) -> PolyNeXt:
 
 def apolynext_fhe_arch(channels: int, stacks: int, exp_mlp: float) -> PolyNeXtArch:
     """One APolyNeXt cell of ``stacks`` (PolyAttn, PolyMLP) pairs; T-style paired Sigmoid-Scales."""
-    if channels < 1 or stacks < 1:
-        raise ValueError(f"channels and stacks must be positive, got channels={channels}, stacks={stacks}")
     # exp_conv and the coarse kernel are unused by the attention mixer; 1.0 keeps conv_hidden meaningful.
     stage = StageConfig(channels, 1, stacks, 1.0, exp_mlp, mixer="attn")
-    return PolyNeXtArch(
-        name="APolyNeXt-FHE", stages=(stage,), stem="imagenet", downsample=("sep3x3", "sep3x3"),
-        skip_logits=ARCHS["t"].skip_logits, skip_paired=True,
-    )
+    return _one_cell_arch("APolyNeXt-FHE", channels, stacks, stage)
 
 
 def build_apolynext_fhe(**overrides: Any) -> PolyNeXt:
