@@ -139,16 +139,11 @@ def _expand(circuit: Circuit, target: int, algorithm: str | None, reassociate_ch
         nodes, next_reg = best.apply()
         shape = MatMulShape.of(node.a_shape, node.b_shape, node.out_shape)
         out.matmuls.append({"label": node.label, "shape": shape.describe(), **best.summary(),
-                            "candidates": {_name(e): round(float(e.cost + level_cost * e.extra_levels), 1)
-                                           for e in options}})
-        log.info("%s (%s): %s, %d register(s) of %s", node.label, shape.describe(), _name(best),
+                            "candidates": {e.algorithm: round(float(_total(e, level_cost)), 1) for e in options}})
+        log.info("%s (%s): %s, %d register(s) of %s", node.label, shape.describe(), best.algorithm,
                  len(best.tiles), "x".join(map(str, best.tile_shapes[0])))
     out.nodes = _drop_unread(out, nodes, operands)
     return out
-
-
-def _name(expansion: Expansion) -> str:
-    return expansion.algorithm
 
 
 def _total(expansion: Expansion, level_cost: float) -> float:
