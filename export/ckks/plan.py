@@ -61,30 +61,85 @@ def _diagonals(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, period: int
     return uniq.astype(np.int64), diags
 
 
-def _steps(ks_list: list[np.ndarray], baby: int, period: int, space: int) -> tuple[int, set[int]]:
-    """(rotations, rotation steps) of one map: baby rotations per term (each term rotates its own register),
-    giant rotations shared by all terms, and the rotate-and-add reductions of the hybrid method."""
-    babies = [set(np.unique(ks % baby).tolist()) - {0} for ks in ks_list]
+@dataclass
+class BabyShare:
+    """Baby-step rotations shared between the maps that read one register at one level (the executor rotates a
+    register once per offset and level, for every map): what earlier maps made already is free, and a new one
+    is paid by every map still to come that reads the register there, so the first of twelve maps reading the
+    program input does not pick a schedule that makes the other eleven each pay giant steps of their own."""
+
+    readers: Counter  # (register, level) -> maps reading it there not yet planned (the current one included)
+    made: dict  # (register, level) -> baby offsets already rotated
+
+    @classmethod
+    def of(cls, circuit: Circuit, levels: dict[int, int]) -> BabyShare:
+        readers: Counter = Counter()
+        for node in circuit.nodes:
+            if isinstance(node, LinearNode):
+                read = {reg for reg, m in zip(node.inputs, node.matrices, strict=True) if len(nonzero(m)[0])}
+                readers.update((reg, levels[node.out] - 1) for reg in read)
+        return cls(readers, {})
+
+    def weights(self, inputs: list[int], level: int) -> tuple[list[set[int]], list[float]]:
+        """Per term: the offsets already rotated, and what a new one costs this map (1 / readers to come)."""
+        keys = [(reg, level) for reg in inputs]
+        return [self.made.get(k, set()) for k in keys], [1.0 / max(1, self.readers[k]) for k in keys]
+
+    def planned(self, inputs: list[int], level: int, babies: list[set[int]]) -> None:
+        for reg, offsets_made in zip(inputs, babies, strict=True):
+            self.made.setdefault((reg, level), set()).update(offsets_made)
+        for reg in set(inputs):
+            self.readers[(reg, level)] -= 1
+
+
+def _babies(ks_list: list[np.ndarray], baby: int) -> list[set[int]]:
+    return [set(np.unique(ks % baby).tolist()) - {0} for ks in ks_list]
+
+
+def _steps(ks_list: list[np.ndarray], baby: int, period: int, space: int,
+           share: tuple[list[set[int]], list[float]] | None = None) -> tuple[float, set[int]]:
+    """(rotations, rotation steps) of one map: baby rotations per term (each term rotates its own register;
+    ``share``: per term, offsets already rotated and the weight of a new one), giant rotations shared by all
+    terms, and the rotate-and-add reductions of the hybrid method."""
+    babies = _babies(ks_list, baby)
     giants = set(np.unique(np.concatenate([(ks // baby) * baby for ks in ks_list])).tolist()) - {0}
     reductions = {period << i for i in range(int(np.log2(space // period)))}
-    return sum(len(b) for b in babies) + len(giants) + len(reductions), set().union(*babies, giants, reductions)
+    if share is None:
+        baby_rotations = float(sum(len(b) for b in babies))
+    else:
+        made, weights = share
+        baby_rotations = sum(len(b - m) * w for b, m, w in zip(babies, made, weights, strict=True))
+    return baby_rotations + len(giants) + len(reductions), set().union(*babies, giants, reductions)
+
+
+def _baby_sizes(period: int) -> list[int]:
+    """Baby sizes to try: every size up to 512 (channel mixing in a channel-major layout has offsets
+    ``j*T + small`` and splits best at a multiple of the token count T), and the powers of two above it up to
+    ``period`` (a baby as wide as the map: no giant steps, the best schedule when many maps share the input's
+    rotations)."""
+    sizes = list(range(1, min(period, 512) + 1))
+    size = 1024
+    while size <= period:
+        sizes.append(size)
+        size *= 2
+    return sizes
 
 
 def _schedule(ks_list: list[np.ndarray], period: int, space: int, keys: Counter,
-              max_keys: int | None) -> tuple[float, int, set[int]]:
+              max_keys: int | None, share: tuple[list[set[int]], list[float]] | None = None
+              ) -> tuple[float, int, set[int]]:
     """(cost, baby size, steps) of the cheapest BSGS schedule for one map, given the keys earlier maps use.
 
-    Every baby size up to ``period`` is tried, not only powers of two (channel mixing in a channel-major layout
-    has offsets ``j*T + small`` and splits best at a multiple of the token count T). A step without a key of
-    its own costs a key in the upload, or, past ``max_keys``, a rotation composed of several key switches on
-    every use; the schedule pays for that, so maps reuse the steps earlier maps made keys for.
+    Every baby size of :func:`_baby_sizes` is tried. A step without a key of its own costs a key in the upload,
+    or, past ``max_keys``, a rotation composed of several key switches on every use; the schedule pays for
+    that, so maps reuse the steps earlier maps made keys for. ``share``: see :func:`_steps`.
     """
     if not any(len(ks) for ks in ks_list):
         return 0.0, 1, set()
     products = sum(len(ks) for ks in ks_list)
     best = None
-    for baby in range(1, min(period, 512) + 1):
-        rotations, steps = _steps(ks_list, baby, period, space)
+    for baby in _baby_sizes(period):
+        rotations, steps = _steps(ks_list, baby, period, space, share)
         new = len(steps - keys.keys())
         over = max(0, len(keys) + new - max_keys) if max_keys else 0
         cost = products + ROTATION_COST * (rotations + NEW_KEY_COST * new + COMPOSED_COST * over)
@@ -94,8 +149,10 @@ def _schedule(ks_list: list[np.ndarray], period: int, space: int, keys: Counter,
 
 
 def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, steps_used: Counter,
-                        layouts: dict[int, np.ndarray], periods: dict[int, int], max_keys: int | None) -> LinearAttrs:
-    """Plan one map; ``periods[r]``: register r repeats every periods[r] slots (the input is replicated)."""
+                        layouts: dict[int, np.ndarray], periods: dict[int, int], max_keys: int | None,
+                        share: BabyShare | None = None, level: int = 0) -> LinearAttrs:
+    """Plan one map; ``periods[r]``: register r repeats every periods[r] slots (the input is replicated);
+    ``share``: the baby rotations of the inputs at ``level`` (the map's input level) that maps share."""
     slot_out = layouts[node.out]
     widest = max(int(slot_out.max()), *[int(layouts[r].max()) for r in node.inputs]) + 1
     if widest > slots:
@@ -111,11 +168,14 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
     while period <= space:  # offsets only: the dense diagonals are built for the chosen period alone
         ks_list = [np.unique(offsets(r, c, period, periods[reg])[0])
                    for (r, c, _), reg in zip(triples, node.inputs, strict=True)]
-        cost, baby, steps = _schedule(ks_list, period, space, steps_used, max_keys)
+        shared = None if share is None else share.weights(node.inputs, level)
+        cost, baby, steps = _schedule(ks_list, period, space, steps_used, max_keys, shared)
         if best is None or cost < best[0]:
-            best = (cost, period, baby, steps)
+            best = (cost, period, baby, steps, ks_list)
         period *= 2
-    _, period, baby, steps = best
+    _, period, baby, steps, ks_list = best
+    if share is not None:
+        share.planned(node.inputs, level, _babies(ks_list, baby))
     terms = [_diagonals(r, c, v, period, periods[reg], space)
              for (r, c, v), reg in zip(triples, node.inputs, strict=True)]
     planned: list[Term] = []
@@ -166,12 +226,14 @@ def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None
     steps: list[Step] = []
     arrays: dict[str, np.ndarray] = {}
     used: Counter = Counter()
+    share = BabyShare.of(circuit, levels) if layout == "single" else None
     for index, node in enumerate(circuit.nodes):
         if isinstance(node, LinearNode):
             if not any(len(nonzero(m)[0]) for m in node.matrices):
                 raise LoweringError(f"{node.label}: the linear map is identically zero (an untrained, zero-initialised "
                                     "layer?), so its output is a constant; train or initialise the model first")
-            attrs = (_plan_linear_single(node, slots, index, arrays, used, layouts, periods, max_galois_keys)
+            attrs = (_plan_linear_single(node, slots, index, arrays, used, layouts, periods, max_galois_keys,
+                                         share, levels[node.out] - 1)
                      if layout == "single"
                      else _plan_linear_batch(node, index, arrays))
             steps.append(Step("linear", node.out, tuple(node.inputs), node.size, levels[node.out], attrs))

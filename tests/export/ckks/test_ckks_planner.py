@@ -162,3 +162,40 @@ def test_later_readers_of_the_input_are_costed_in_its_real_packing():
         expected = model.double()(torch.tensor(x[:2])).numpy()
     model.float()
     assert np.abs(program.run_plain(x[:2]) - expected).max() <= 1e-6 * max(1.0, np.abs(expected).max())
+
+
+def test_maps_reading_one_register_share_its_baby_rotations():
+    """Eight maps read the input with the same 16 offsets. Planned one by one, each takes baby 4 x giant 4: the
+    3 baby rotations are shared but every map adds 3 giant ones (27 rotations). Planned knowing the babies are
+    shared, the maps take wide babies and at most one giant step each (at most 16 rotations)."""
+    from polyfhe.exporters.ckks.counters import plan_counters
+    from polyfhe.program.params import choose_params
+
+    rng = np.random.default_rng(3)
+    n, maps, slots = 1024, 8, 4096
+    offsets = np.arange(16) * 64
+    circuit = Circuit(input_shape=(n,), output_shape=(n,))
+    circuit.sizes, circuit.shapes = {0: n}, {0: (n,)}
+    for j in range(maps):
+        rows = np.repeat(np.arange(n), len(offsets))
+        cols = (rows + np.tile(offsets, n)) % n
+        matrix = sp.csr_matrix((rng.normal(size=len(rows)), (rows, cols)), shape=(n, n))
+        circuit.nodes.append(LinearNode(j + 1, [0], [matrix], None, n, f"map {j}"))
+        circuit.sizes[j + 1], circuit.shapes[j + 1] = n, (n,)
+    circuit.nodes.append(LinearNode(maps + 1, list(range(1, maps + 1)), [sp.identity(n, format="csr")] * maps,
+                                    None, n, "sum"))
+    circuit.sizes[maps + 1], circuit.shapes[maps + 1] = n, (n,)
+    circuit.output = maps + 1
+    plan = plan_single(circuit, slots, samples_per_ciphertext=1)
+    params = choose_params(circuit.depth, 1, 1.0, poly_modulus_degree=2 * slots)
+    counts = plan_counters(plan.steps, plan.arrays, plan.galois_steps, params, "single", slots)
+    first = [s for s in plan.steps if s.op == "linear"][:maps]
+    babies = {int(k) % int(s.linear.baby) for s in first for t in s.linear.terms for k in plan.arrays[t.diagonals.ks]}
+    giants = {(i, int(k) // int(s.linear.baby)) for i, s in enumerate(first) for t in s.linear.terms
+              for k in plan.arrays[t.diagonals.ks]}
+    rotations = len(babies - {0}) + sum(1 for _, g in giants if g)
+    assert rotations <= 16, (len(babies), sorted(giants))
+    assert counts["rotations"] <= rotations + 2 * maps  # the summing map and the hybrid reductions add a few
+    x = rng.normal(size=(2, n))
+    got = _run_circuit(circuit, slots, x)
+    assert np.allclose(got, circuit.evaluate(x), rtol=1e-9, atol=1e-9)
