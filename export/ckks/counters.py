@@ -34,7 +34,7 @@ def plan_counters(steps: list[Step], arrays: dict[str, np.ndarray], galois_steps
     chain = KeyChain(galois_steps, slots)
     rotations = key_switches = products = encodes = 0
     plaintext_bytes = 0
-    cached: set[tuple[int, int, int]] = set()
+    cached: set[tuple] = set()
     bootstraps = 0
     for step in steps:
         if step.op == "bootstrap":  # the engine's own circuit: counted apart, not in the counts below
@@ -53,11 +53,15 @@ def plan_counters(steps: list[Step], arrays: dict[str, np.ndarray], galois_steps
             encodes += count
             continue
         baby, period = int(linear.baby), int(linear.period)
-        used: list[int] = []
+        pre = tuple(linear.pre_sums or ())
+        used: list[int] = list(linear.post_sums or ())
         for term in terms:
             ks = arrays[term.diagonals.ks]
+            if pre and (term.input, pre, step.level - 1) not in cached:  # its window sum, made once per level
+                cached.add((term.input, pre, step.level - 1))
+                used += list(pre)
             for a in np.unique(ks % baby):
-                key = (term.input, int(a), step.level - 1)
+                key = (term.input, int(a), step.level - 1, pre)
                 if a and key not in cached:
                     cached.add(key)
                     used.append(int(a))

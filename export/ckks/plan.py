@@ -34,7 +34,7 @@ from polyfhe.program.manifest import Step
 from polyfhe.program.steps import Diagonals, LinearAttrs, MatMulAttrs, MulAttrs, SparseRows, Term
 from polyfhe.runtime.rotations import choose_key_steps
 
-__all__ = ["Plan", "plan_batch", "plan_single"]
+__all__ = ["BlockSums", "Plan", "block_sums", "plan_batch", "plan_single"]
 
 log = logging.getLogger(__name__)
 
@@ -148,11 +148,72 @@ def _schedule(ks_list: list[np.ndarray], period: int, space: int, keys: Counter,
     return best
 
 
+@dataclass(frozen=True)
+class BlockSums:
+    """A map that sums each aligned block of ``block`` input slots into every output slot of that block, with one
+    weight per block (a token sum broadcast back over the tokens, e.g. ``K^T V`` regathered for ``Q (K^T V)``).
+
+    Run as a window sum (``pre``: ``log2(block)`` rotate-and-adds put each block's total on its first slot), one
+    diagonal (the weights, on those slots: the map's level) and a spread (``post``: ``log2(block)`` more, back
+    over the block): ``2 log2(block)`` rotations where the diagonals would take about ``2 sqrt(2 block)``. The
+    input must be zero in its blocks' slots that hold none of its elements (a *clean* register: a window sums the
+    whole block); the output holds the block's value in every slot of the block, elements or not (not clean).
+    """
+
+    block: int
+    period: int  # the input's period: the weights repeat with it, and the spread turns within it
+    weights: np.ndarray  # (period,) each block's weight on its first slot, zero elsewhere
+
+    @property
+    def pre(self) -> tuple[int, ...]:
+        return tuple(1 << i for i in range(self.block.bit_length() - 1))
+
+    @property
+    def post(self) -> tuple[int, ...]:  # rotations by -1, -2, -4, ... within the period
+        return tuple(self.period - (1 << i) for i in range(self.block.bit_length() - 1))
+
+    @property
+    def rotations(self) -> int:
+        return len(self.pre) + len(self.post)
+
+
+def block_sums(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, in_layout: np.ndarray,
+               period_in: int) -> BlockSums | None:
+    """The :class:`BlockSums` form of a one-term map given as (output slot, input slot, value) triples, or None
+    when the map is not one. ``in_layout``: the slots of every element of the input register."""
+    if len(rows) == 0:
+        return None
+    block = pow2_at_least(int(np.abs(rows - cols).max()) + 1)
+    while block <= period_in and np.any(rows // block != cols // block):
+        block *= 2
+    if block < 2 or block > period_in:
+        return None
+    blocks, pairs = np.unique(cols // block, return_counts=True)
+    ins, outs = np.unique(cols), np.unique(rows)
+    in_blocks, n_in = np.unique(ins // block, return_counts=True)
+    out_blocks, n_out = np.unique(outs // block, return_counts=True)
+    if not (np.array_equal(in_blocks, blocks) and np.array_equal(out_blocks, blocks)
+            and np.array_equal(pairs, n_in * n_out)):
+        return None  # not every input slot of a block feeds every output slot of it
+    if np.count_nonzero(np.isin(in_layout // block, blocks)) != len(ins):
+        return None  # another element of the input shares a block: a window would add it in
+    order = np.argsort(cols // block, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(pairs)[:-1]])
+    low, high = np.minimum.reduceat(vals[order], starts), np.maximum.reduceat(vals[order], starts)
+    if not np.allclose(low, high, rtol=1e-12, atol=0.0):
+        return None  # weights vary within a block
+    weights = np.zeros(period_in)
+    weights[blocks * block] = low
+    return BlockSums(block, period_in, weights)
+
+
 def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, steps_used: Counter,
                         layouts: dict[int, np.ndarray], periods: dict[int, int], max_keys: int | None,
-                        share: BabyShare | None = None, level: int = 0) -> LinearAttrs:
+                        share: BabyShare | None = None, level: int = 0,
+                        clean: dict[int, bool] | None = None) -> LinearAttrs:
     """Plan one map; ``periods[r]``: register r repeats every periods[r] slots (the input is replicated);
-    ``share``: the baby rotations of the inputs at ``level`` (the map's input level) that maps share."""
+    ``share``: the baby rotations of the inputs at ``level`` (the map's input level) that maps share;
+    ``clean``: registers known to be zero outside their elements (None: no :class:`BlockSums` plans)."""
     slot_out = layouts[node.out]
     widest = max(int(slot_out.max()), *[int(layouts[r].max()) for r in node.inputs]) + 1
     if widest > slots:
@@ -174,6 +235,11 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
             best = (cost, period, baby, steps, ks_list)
         period *= 2
     _, period, baby, steps, ks_list = best
+    sums = _block_sums_plan(node, triples, layouts, periods, clean, steps_used, best[0])
+    if sums is not None:
+        if share is not None:
+            share.planned(node.inputs, level, [set()])
+        return _block_sums_attrs(node, sums, slots, index, arrays, steps_used, periods)
     if share is not None:
         share.planned(node.inputs, level, _babies(ks_list, baby))
     terms = [_diagonals(r, c, v, period, periods[reg], space)
@@ -199,6 +265,31 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
     return LinearAttrs(tuple(planned), bias, node.label, period=period, space=space, baby=baby)
 
 
+def _block_sums_plan(node: LinearNode, triples: list, layouts: dict[int, np.ndarray], periods: dict[int, int],
+                     clean: dict[int, bool] | None, keys: Counter, diagonal_cost: float) -> BlockSums | None:
+    """The map as :class:`BlockSums` when it is one, its input is clean and that is cheaper than its diagonals."""
+    if clean is None or len(node.inputs) != 1 or node.bias is not None or not clean.get(node.inputs[0], False):
+        return None
+    reg = node.inputs[0]
+    sums = block_sums(*triples[0], layouts[reg], periods[reg])
+    if sums is None:
+        return None
+    new = len(set(sums.pre + sums.post) - keys.keys())
+    cost = 1 + ROTATION_COST * (sums.rotations + NEW_KEY_COST * new)
+    return sums if cost < diagonal_cost else None
+
+
+def _block_sums_attrs(node: LinearNode, sums: BlockSums, slots: int, index: int, arrays: dict,
+                      steps_used: Counter, periods: dict[int, int]) -> LinearAttrs:
+    name = f"s{index}.t0"
+    arrays[f"{name}.diags"] = np.tile(sums.weights, slots // sums.period)[None, :]
+    arrays[f"{name}.ks"] = np.zeros(1, dtype=np.int64)
+    steps_used.update(sums.pre + sums.post)
+    periods[node.out] = sums.period
+    return LinearAttrs((Term(node.inputs[0], Diagonals(f"{name}.diags", f"{name}.ks")),), None, node.label,
+                       period=sums.period, space=sums.period, baby=1, pre_sums=sums.pre, post_sums=sums.post)
+
+
 def _plan_linear_batch(node: LinearNode, index: int, arrays: dict) -> LinearAttrs:
     planned: list[Term] = []
     for j, matrix in enumerate(node.matrices):
@@ -218,7 +309,8 @@ def _plan_linear_batch(node: LinearNode, index: int, arrays: dict) -> LinearAttr
     return LinearAttrs(tuple(planned), bias, node.label)
 
 
-def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None = None) -> Plan:
+def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None = None,
+          block_sum_maps: bool = False) -> Plan:
     levels = circuit.levels()
     layouts = choose_layouts(circuit, slots) if layout == "single" else {}
     fallbacks = ["natural slot layouts (product operands disagreed)"] if layouts.pop(FALLBACK, None) is not None else []
@@ -227,19 +319,24 @@ def _plan(circuit: Circuit, layout: str, slots: int, max_galois_keys: int | None
     arrays: dict[str, np.ndarray] = {}
     used: Counter = Counter()
     share = BabyShare.of(circuit, levels) if layout == "single" else None
+    clean: dict[int, bool] | None = {0: True} if block_sum_maps else None  # zero outside their elements
     for index, node in enumerate(circuit.nodes):
         if isinstance(node, LinearNode):
             if not any(len(nonzero(m)[0]) for m in node.matrices):
                 raise LoweringError(f"{node.label}: the linear map is identically zero (an untrained, zero-initialised "
                                     "layer?), so its output is a constant; train or initialise the model first")
             attrs = (_plan_linear_single(node, slots, index, arrays, used, layouts, periods, max_galois_keys,
-                                         share, levels[node.out] - 1)
+                                         share, levels[node.out] - 1, clean)
                      if layout == "single"
                      else _plan_linear_batch(node, index, arrays))
             steps.append(Step("linear", node.out, tuple(node.inputs), node.size, levels[node.out], attrs))
+            if clean is not None:
+                clean[node.out] = attrs.post_sums is None
         elif isinstance(node, MulNode):
             if layout == "single":
                 periods[node.out] = max(periods[node.a], periods[node.b])
+            if clean is not None:
+                clean[node.out] = clean.get(node.a, False) or clean.get(node.b, False)
             steps.append(Step("mul", node.out, (node.a, node.b), node.size, levels[node.out],
                               MulAttrs(node.label)))
         elif isinstance(node, MatMulNode):
@@ -298,8 +395,12 @@ def max_samples_per_ciphertext(circuit: Circuit, slots: int) -> int:
 
 
 def plan_single(circuit: Circuit, slots: int, max_galois_keys: int | None = None,
-                samples_per_ciphertext: int | None = None, rescale_giants: bool = False) -> Plan:
+                samples_per_ciphertext: int | None = None, rescale_giants: bool = False,
+                block_sum_maps: bool = True) -> Plan:
     """Plan for ``samples_per_ciphertext`` interleaved samples (None: as many as fit, 1: one sample).
+
+    ``block_sum_maps``: plan block sums broadcast over their blocks as :class:`BlockSums` where cheaper (the engine
+    runs a linear step's ``pre_sums`` and ``post_sums``).
 
     ``rescale_giants``: rescale each giant-step partial sum before rotating it (a key switch over one prime
     fewer), at the price of key-switching noise at the working scale instead of its square: worth it only at
@@ -310,7 +411,7 @@ def plan_single(circuit: Circuit, slots: int, max_galois_keys: int | None = None
     if lanes < 1 or lanes & (lanes - 1) or lanes > most:
         raise LoweringError(f"samples_per_ciphertext={samples_per_ciphertext}: accepted are powers of two up to "
                             f"{most} (the widest tensor needs {slots // most} of the {slots} slots)")
-    plan = _plan(circuit, "single", slots // lanes, max_galois_keys)
+    plan = _plan(circuit, "single", slots // lanes, max_galois_keys, block_sum_maps)
     plan.steps = [replace(s, attrs=replace(s.linear, rescale_giants=bool(rescale_giants))) if s.op == "linear" else s
                   for s in plan.steps]
     plan.galois_steps = sorted(step * lanes for step in plan.galois_steps)

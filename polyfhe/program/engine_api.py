@@ -119,3 +119,6 @@ class Backend:
     warm_plaintexts: Callable[[Any], Any] | None = None
     # the most registers (ciphertexts) one ct x ct MatMul of the single layout may be spread over; None: any
     matmul_registers: int | None = None
+    # runs a linear step's rotate-and-add windows (``pre_sums``/``post_sums``): the planner may then sum blocks
+    # broadcast over themselves with a few rotations (``plan.BlockSums``) instead of their diagonals
+    rotate_sums: bool = True

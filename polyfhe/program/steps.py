@@ -143,6 +143,7 @@ def _terms(value: Any, key: str) -> tuple[Term, ...]:
 # per-op fields
 # ------------------------------------------------------------------------------------------------------------
 A = TypeVar("A", bound="_Attrs")
+MAX_ROTATE_SUMS = 24  # rotate-and-add steps of one window: log2 of the block, and no ring has 2^24 slots
 
 
 class _Attrs:
@@ -179,7 +180,11 @@ class _Attrs:
 class LinearAttrs(_Attrs):
     """``out = sum of term.matrix @ term.input (+ bias)``. Single layout only: the period P of the diagonals,
     the ``space`` the output is reduced over by rotate-and-add (absent: all virtual slots), the baby-step size,
-    and whether giant partial sums are rescaled before they rotate."""
+    and whether giant partial sums are rescaled before they rotate.
+
+    ``pre_sums`` / ``post_sums``: rotate-and-add steps (``x += rot(x, s)`` for each s, in order) applied to each
+    input before its diagonals, and to the result after its rescale: a block sum broadcast over its block is a
+    window sum, one masking diagonal and a spread, instead of a diagonal per slot of the block."""
 
     terms: tuple[Term, ...]
     bias: str | None = None
@@ -188,12 +193,14 @@ class LinearAttrs(_Attrs):
     space: int | None = None
     baby: int | None = None
     rescale_giants: bool | None = None
+    pre_sums: tuple[int, ...] | None = None
+    post_sums: tuple[int, ...] | None = None
 
-    KEYS: ClassVar = ("period", "space", "baby", "terms", "bias", "label", "rescale_giants")
+    KEYS: ClassVar = ("period", "space", "baby", "terms", "bias", "label", "rescale_giants", "pre_sums", "post_sums")
     ALWAYS: ClassVar = ("terms", "bias")
     REQUIRED: ClassVar = ("terms",)
     PARSE: ClassVar = {"period": _int, "space": _int, "baby": _int, "terms": _terms, "bias": _optional_str,
-                       "label": _str, "rescale_giants": _bool}
+                       "label": _str, "rescale_giants": _bool, "pre_sums": _ints, "post_sums": _ints}
 
     @classmethod
     def from_dict(cls, value: Any, what: str = "linear step attrs") -> LinearAttrs:
@@ -203,6 +210,11 @@ class LinearAttrs(_Attrs):
             raise ProgramError(f"{what} mix diagonal and CSR terms")
         if kinds == {Diagonals} and (attrs.period is None or attrs.baby is None):
             raise ProgramError(f"{what}: diagonal terms need 'period' and 'baby'")
+        for key in ("pre_sums", "post_sums"):
+            shifts = getattr(attrs, key) or ()
+            if len(shifts) > MAX_ROTATE_SUMS or any(shift <= 0 for shift in shifts):
+                raise ProgramError(f"{what}: {key!r} takes at most {MAX_ROTATE_SUMS} positive rotation steps "
+                                   f"(one per doubling of a block), got {list(shifts)[:8]}")
         return attrs
 
     def reduction_space(self, slots: int) -> int:

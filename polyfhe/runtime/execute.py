@@ -200,6 +200,9 @@ class _LinearWork:
         self.baby = int(attrs.baby)
         self.rescale_first = bool(attrs.rescale_giants)
         self.target = step.level - 1
+        self.pre = tuple(attrs.pre_sums or ())  # window sums of each input before its diagonals
+        self._windows: dict[int, Any] = {}
+        self._window_lock = threading.Lock()
         self.groups: dict[int, list] = {}  # giant step g -> [(term index, rows)]: one rotation per g for all terms
         self.needed: dict = {}  # baby rotations this step needs that no earlier map made: key -> input register
         for ti, term in enumerate(attrs.terms):
@@ -208,13 +211,25 @@ class _LinearWork:
                 rows = np.nonzero(ks // self.baby == g)[0]
                 self.groups.setdefault(int(g), []).append((ti, rows))
                 for row in rows:
-                    key = (term.input, int(ks[row] % self.baby), self.target)
+                    key = self.key(term.input, int(ks[row] % self.baby))
                     if key not in run.cache:
                         self.needed[key] = term.input
         self.dropped = {r: ops.drop_to(regs[r], self.target) for r in {t.input for t in attrs.terms}}
 
+    def key(self, register: int, offset: int) -> tuple:
+        """The run cache's key of ``register`` rotated by ``offset`` at this step's level (its window sum's,
+        with ``pre_sums``: other maps reading the register must not get that)."""
+        return (register, offset, self.target) + ((self.pre,) if self.pre else ())
+
+    def _window(self, register: int) -> Any:
+        with self._window_lock:
+            if register not in self._windows:
+                self._windows[register] = rotate_sums(self.ops, self.dropped[register], self.pre)
+            return self._windows[register]
+
     def rotate_baby(self, key):
-        return self.dropped[key[0]] if key[1] == 0 else self.ops.rotate(self.dropped[key[0]], key[1])
+        base = self._window(key[0]) if self.pre else self.dropped[key[0]]
+        return base if key[1] == 0 else self.ops.rotate(base, key[1])
 
     def giant_items(self) -> list[tuple[float, int, Any]]:
         """(estimated cost in plaintext products, giant step, parts) per giant step: the pool takes the dearest
@@ -229,7 +244,7 @@ class _LinearWork:
             term = self.attrs.terms[ti]
             ks, diags = arrays[term.diagonals.ks], arrays[term.diagonals.diags]
             for row in rows:
-                rot = run.cache[(term.input, int(ks[row] % self.baby), self.target)]
+                rot = run.cache[self.key(term.input, int(ks[row] % self.baby))]
                 products.append((rot, diags[row], PlaintextKey.diagonal(step.out, ti, int(row))))
         inner = dot(ops, products)
         if self.rescale_first:  # a rescaled partial sum rotates over one prime fewer (a cheaper key switch)
@@ -247,7 +262,15 @@ class _LinearWork:
             shift *= 2
         if attrs.bias:
             acc = ops.add_vector(acc, self.arrays[attrs.bias], PlaintextKey.bias(self.step.out))
-        return acc if self.rescale_first else ops.rescale(acc)
+        acc = acc if self.rescale_first else ops.rescale(acc)
+        return rotate_sums(ops, acc, attrs.post_sums or ())
+
+
+def rotate_sums(ops: SlotOps, ct: Any, shifts: tuple[int, ...]) -> Any:
+    """``ct += rot(ct, s)`` for each shift in turn, into new ciphertexts (``ct`` itself is left as it was)."""
+    for shift in shifts:
+        ct = ops.add(ops.rotate(ct, shift), ct)
+    return ct
 
 
 def _single_linear_group(steps: list[Step], regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> list:
@@ -266,7 +289,8 @@ def _single_linear_group(steps: list[Step], regs: dict, ops: SlotOps, arrays: di
     parts: list[dict[int, Any]] = [{} for _ in works]
     for (_, i, g, _), value in zip(items, done, strict=True):
         parts[i][g] = value
-    return [work.finish([part[g] for g in sorted(part)]) for work, part in zip(works, parts, strict=True)]
+    return run.map(lambda pair: pair[0].finish([pair[1][g] for g in sorted(pair[1])]),
+                   list(zip(works, parts, strict=True)))
 
 
 def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
@@ -400,9 +424,11 @@ def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: 
     computed: set[int] = set()  # steps already run ahead of their place (in a group of ready linear steps)
     for index, step in enumerate(steps):
         if index not in computed:
-            group = _ready_linear_steps(steps, index, regs, computed) if manifest.layout == "single" else [index]
-            if len(group) > 1:
+            group = _ready_steps(steps, index, regs, computed) if manifest.layout == "single" else [index]
+            if len(group) > 1 and step.op == "linear":
                 outs = _single_linear_group([steps[i] for i in group], regs, ops, program.arrays, run)
+            elif len(group) > 1:  # independent products: one per worker
+                outs = run.map(lambda i: _single_mul(steps[i], regs, ops, program.arrays, run), group)
             else:
                 fn = EXECUTORS.get((manifest.layout, step.op))
                 if fn is None:
@@ -423,13 +449,14 @@ def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: 
     return regs[manifest.output]
 
 
-def _ready_linear_steps(steps, start: int, regs: dict, computed: set[int]) -> list[int]:
-    """``start`` and, when it is a linear step, every later linear step not yet run whose inputs are all
-    computed already: one group whose maps share the pool's rounds (registers are written once, so running a
-    step ahead of its place changes nothing but the order)."""
-    if steps[start].op != "linear":
+def _ready_steps(steps, start: int, regs: dict, computed: set[int]) -> list[int]:
+    """``start`` and, when it is a linear step or a product, every later step of the same op not yet run whose
+    inputs are all computed already: one group run in the pool's rounds (maps share them; products take a
+    worker each). Registers are written once, so running a step ahead of its place changes only the order."""
+    op = steps[start].op
+    if op not in ("linear", "mul"):
         return [start]
-    return [start] + [j for j in range(start + 1, len(steps)) if j not in computed and steps[j].op == "linear"
+    return [start] + [j for j in range(start + 1, len(steps)) if j not in computed and steps[j].op == op
                       and all(r in regs for r in steps[j].reads())]
 
 

@@ -36,6 +36,14 @@ def _ones(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]) -> sp.csr_
     return sp.csr_matrix((np.ones(int(keep.sum())), (rows[keep], cols[keep])), shape=shape)
 
 
+def _nonzero_terms(inputs: list[int], matrices: list) -> tuple[list[int], list]:
+    """The terms of a composed map that read anything (one register's regather reads that register only): a
+    term of zeros would keep its register alive and cost the planner a term."""
+    kept = [(r, sp.csr_matrix(m)) for r, m in zip(inputs, matrices, strict=True)]
+    kept = [(r, m) for r, m in kept if m.count_nonzero()] or kept[:1]
+    return [r for r, _ in kept], [m for _, m in kept]
+
+
 @lru_cache(maxsize=512)
 def _layouts(shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
     """The two padded candidate layouts of a register (channels first, or last), as the planner tries them."""
@@ -201,9 +209,8 @@ class Expansion:
                     gathered[side].append(LinearNode(reg, [operand], [gather], None, int(np.prod(shape)), label))
                 else:
                     bias = None if source.bias is None else gather @ np.asarray(source.bias)
-                    gathered[side].append(LinearNode(reg, list(source.inputs), [sp.csr_matrix(gather @ m)
-                                                                                for m in source.matrices],
-                                                     bias, int(np.prod(shape)), label))
+                    inputs, matrices = _nonzero_terms(source.inputs, [gather @ m for m in source.matrices])
+                    gathered[side].append(LinearNode(reg, inputs, matrices, bias, int(np.prod(shape)), label))
                 reg += 1
         for j, shape in enumerate(self.tile_shapes):
             circuit.sizes[reg], circuit.shapes[reg] = int(np.prod(shape)), shape
@@ -220,8 +227,9 @@ class Expansion:
                 at = later.inputs.index(node.out)
                 matrix = later.matrices[at]
                 del later.inputs[at], later.matrices[at]
-                later.inputs += [p.out for p in products]
-                later.matrices += [sp.csr_matrix(matrix @ s) for s in self.sums]
+                inputs, matrices = _nonzero_terms([p.out for p in products], [matrix @ s for s in self.sums])
+                later.inputs += inputs
+                later.matrices += matrices
         if self.materialise_sum:
             nodes.insert(position + len(inserted), LinearNode(node.out, [p.out for p in products], list(self.sums),
                                                               None, node.size, f"{node.label} (sums)"))

@@ -58,7 +58,8 @@ def run(state: CompileState) -> None:
             raise LoweringError("samples_per_ciphertext applies to layout='single'; the batch layout already "
                                 "holds one sample per slot")
         state.plan = (plan_single(circuit, params.slots, max_keys, lanes,
-                                  rescale_giants=params.scale_bits >= RESCALE_GIANTS_MIN_SCALE_BITS)
+                                  rescale_giants=params.scale_bits >= RESCALE_GIANTS_MIN_SCALE_BITS,
+                                  block_sum_maps=state.engine.rotate_sums)
                       if state.single else plan_batch(circuit))
     except LoweringError as exc:
         raise CKKSExportError(f"{state.name}: {exc}") from exc

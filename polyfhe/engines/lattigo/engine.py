@@ -518,4 +518,4 @@ BACKEND = Backend(NAME, "Lattigo v6 (hoisted BSGS) through the orion-v2 wheels",
                   LattigoClient, LattigoServer, composes_rotations=False, bootstraps=True,
                   distributions=("orion-v2-lattigo", "orion-v2-evaluator"), reserve_bits=RESERVE_BITS,
                   workload=_workload, probes=_probes, server_imports=SERVER_IMPORTS, cost=COST,
-                  matmul_registers=MATMUL_REGISTERS)
+                  matmul_registers=MATMUL_REGISTERS, rotate_sums=False)

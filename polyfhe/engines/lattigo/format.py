@@ -303,6 +303,10 @@ def lower_program(program, moduli: Sequence[int] | None = None) -> LattigoModel:
         if step.op != "linear":
             raise ValueError(f"step {i} ({step.op}) has no Lattigo lowering")
         attrs = step.linear
+        if attrs.pre_sums or attrs.post_sums:
+            raise ValueError(f"step {i} ({attrs.label or 'linear'}) sums blocks by rotate-and-add around its "
+                             "diagonals, which the Lattigo graph cannot express; export the model with "
+                             "backend='lattigo' (its planner does not use them) or run it on SEAL")
         period, space, baby = int(attrs.period), attrs.reduction_space(virtual), int(attrs.baby)
         reduce = period < space
         doublings = int(math.log2(virtual // period)) if reduce else 0

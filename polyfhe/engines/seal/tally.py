@@ -24,7 +24,7 @@ def _single(program) -> tuple[Tally, dict, int]:
     chain = KeyChain([g // lanes for g in m.galois_steps], slots)  # rotations without a key: chains of keys
     tally: Tally = {}
     counters = empty_counters()
-    cached: set[tuple[int, int, int]] = set()
+    cached: set[tuple] = set()
     live, peak = {0}, 1
     fused = dot_available()
     last = {r: i for i, s in enumerate(m.steps) for r in s.reads()}
@@ -53,11 +53,15 @@ def _single(program) -> tuple[Tally, dict, int]:
             late = bool(attrs.rescale_giants)
             baby, period = int(attrs.baby), int(attrs.period)
             babies, count = [], 0
+            pre = tuple(attrs.pre_sums or ())
             for term in attrs.terms:
                 ks = arrays[term.diagonals.ks]
                 count += len(ks)
+                if pre and (term.input, pre, target) not in cached:  # its window sum, made once per level
+                    cached.add((term.input, pre, target))
+                    babies += list(pre)
                 for a in np.unique(ks % baby):
-                    key = (term.input, int(a), target)
+                    key = (term.input, int(a), target, pre)
                     if a and key not in cached:
                         cached.add(key)
                         babies.append(int(a))
@@ -72,6 +76,7 @@ def _single(program) -> tuple[Tally, dict, int]:
             # only the giant steps' partial sums are additions of their own
             add(OpSite("add", n, p), len(giants) if fused else count)
             add(OpSite("rescale", n, p), len(giants) if late else 1)
+            rotate(list(attrs.post_sums or ()), p - 1)
             counters["plain_products"] += count
             counters["encodes_cold"] += count + (1 if attrs.bias else 0)
             add(OpSite("encode", n, p), count + (1 if attrs.bias else 0))
