@@ -424,11 +424,9 @@ def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: 
     computed: set[int] = set()  # steps already run ahead of their place (in a group of ready linear steps)
     for index, step in enumerate(steps):
         if index not in computed:
-            group = _ready_steps(steps, index, regs, computed) if manifest.layout == "single" else [index]
-            if len(group) > 1 and step.op == "linear":
+            group = _ready_linear_steps(steps, index, regs, computed) if manifest.layout == "single" else [index]
+            if len(group) > 1:
                 outs = _single_linear_group([steps[i] for i in group], regs, ops, program.arrays, run)
-            elif len(group) > 1:  # independent products: one per worker
-                outs = run.map(lambda i: _single_mul(steps[i], regs, ops, program.arrays, run), group)
             else:
                 fn = EXECUTORS.get((manifest.layout, step.op))
                 if fn is None:
@@ -449,14 +447,14 @@ def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: 
     return regs[manifest.output]
 
 
-def _ready_steps(steps, start: int, regs: dict, computed: set[int]) -> list[int]:
-    """``start`` and, when it is a linear step or a product, every later step of the same op not yet run whose
-    inputs are all computed already: one group run in the pool's rounds (maps share them; products take a
-    worker each). Registers are written once, so running a step ahead of its place changes only the order."""
-    op = steps[start].op
-    if op not in ("linear", "mul"):
+def _ready_linear_steps(steps, start: int, regs: dict, computed: set[int]) -> list[int]:
+    """``start`` and, when it is a linear step, every later linear step not yet run whose inputs are all
+    computed already: one group whose maps share the pool's rounds (registers are written once, so running a
+    step ahead of its place changes nothing but the order). Products are not grouped: SEAL's bindings hold the
+    GIL through a product and its relinearisation, so two at once take as long as one after the other."""
+    if steps[start].op != "linear":
         return [start]
-    return [start] + [j for j in range(start + 1, len(steps)) if j not in computed and steps[j].op == op
+    return [start] + [j for j in range(start + 1, len(steps)) if j not in computed and steps[j].op == "linear"
                       and all(r in regs for r in steps[j].reads())]
 
 
