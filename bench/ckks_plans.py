@@ -230,7 +230,24 @@ def stage_compile(folder: Path, out: Path, backend: str = "seal") -> dict:
             "galois_keys": len(prog.manifest.galois_steps), "rotation_steps": info.get("rotation_steps"),
             "samples_per_ciphertext": prog.manifest.samples_per_ciphertext,
             "planned": {k: v for k, v in info.get("planned", {}).items() if k != "plaintext_bytes"},
-            **_bootstrap_summary(info.get("bootstrap")), **_memory_spend_summary(info.get("memory_spend"))}
+            **_bootstrap_summary(info.get("bootstrap")), **_memory_spend_summary(info.get("memory_spend")),
+            **_predicted(prog)}
+
+
+def _predicted(prog) -> dict:
+    """The cost model's latency and server memory for the program (``polyfhe cost PROGRAM``), priced with the
+    server's plaintext budget; empty in a tree without the cost model."""
+    try:
+        predict = _tree_attr("predict", "polyfhe.cost.model")
+        workload = _tree_attr("program_workload", "polyfhe.cost.workload")(prog)
+        costs = _tree_attr("calibrated_costs", "polyfhe.cost.model")(prog.manifest.backend)
+    except ImportError:
+        return {}
+    budget = os.environ.get("POLYFHE_BENCH_PLAINTEXT_GB")
+    kwargs = {} if budget is None else {"plaintext_budget": int(float(budget) * 1e9)}
+    p = predict(workload, costs, **kwargs)
+    return {"predicted_warm_s": p.eval_seconds / max(1, p.samples), "predicted_cold_s": p.cold_seconds,
+            "predicted_peak_gb": p.peak_bytes / 1e9}
 
 
 def _memory_spend_summary(spend: dict | None) -> dict:
@@ -279,7 +296,8 @@ def stage_server(program: Path, work: Path) -> dict:
             pass
         else:
             warm_s = warm_plaintexts(prog).seconds
-    server = prog.server(context)
+    budget = os.environ.get("POLYFHE_BENCH_PLAINTEXT_GB")  # --plaintext-cache-gb
+    server = prog.server(context) if budget is None else prog.server(context, max_cache_bytes=int(float(budget) * 1e9))
     # parsed: a server drops the uploaded bytes now (the file's pages come back if an engine reads them again)
     context.madvise(mmap.MADV_DONTNEED)
     times, counts = [], []
@@ -470,6 +488,8 @@ def measure(case: str, folder: Path, tree: Path | None, images: int, backend: st
     try:
         result.update(_run_stage(["compile", str(folder), str(program), backend], env))
         result.update(_run_stage(["client", str(folder), str(program), str(images)], env))
+        if result.get("predicted_warm_s") and result.get("per_image_s"):
+            result["warm_vs_predicted"] = result["per_image_s"] / result["predicted_warm_s"]
     except StageFailed as exc:
         if exc.refusal is not None:  # the tree's compiler declines the model: a result, not a crash
             result["refused"] = exc.refusal
@@ -500,6 +520,10 @@ ROWS = [("plaintext_diagonals", "plaintext diagonals", "{:,}"), ("linear_maps", 
         ("warm_up_s", "plaintexts encoded before serving (s)", "{:.1f}"),
         ("cold_s", "cold latency per ciphertext (s)", "{:.2f}"), ("warm_s", "warm latency per ciphertext (s)", "{:.2f}"),
         ("per_image_s", "warm time per image (s)", "{:.3f}"), ("server_rss_gb", "server peak RSS (GB)", "{:.2f}"),
+        ("predicted_warm_s", "cost model: warm time per image (s)", "{:.2f}"),
+        ("predicted_cold_s", "cost model: cold latency (s)", "{:.2f}"),
+        ("warm_vs_predicted", "measured / predicted, warm", "{:.2f}"),
+        ("predicted_peak_gb", "cost model: client + server peak, one process (GB)", "{:.2f}"),
         ("dot_kernel", "SEAL products summed on the dot kernel", "{}"),
         ("keygen_child_rss_gb", "bootstrapping key generation peak RSS (GB)", "{:.2f}"),
         ("client_rss_gb", "client peak RSS, making the public context (GB)", "{:.2f}"),
@@ -606,6 +630,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm", action="store_true",
                         help="servers encode the program's plaintexts before the first query (polyfhe serve --warm); "
                              "cold is then the first query after that")
+    parser.add_argument("--plaintext-cache-gb", type=float, metavar="GB",
+                        help="the servers' plaintext store budget (polyfhe run --plaintext-cache-mb; default: the "
+                             "library's, half of this machine's memory); the cost model prices the same budget")
     parser.add_argument("--stage", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--stage-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -613,6 +640,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["POLYFHE_BENCH_WARM"] = "1"  # read by the server stages
     if args.model_kwargs:
         os.environ["POLYFHE_BENCH_MODEL_KWARGS"] = json.dumps(args.model_kwargs)
+    if args.plaintext_cache_gb is not None:
+        os.environ["POLYFHE_BENCH_PLAINTEXT_GB"] = str(args.plaintext_cache_gb)  # read by compile and server stages
     if args.insecure_ring:
         os.environ["POLYFHE_BENCH_INSECURE_RING"] = str(args.insecure_ring)  # read by the compile stages
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

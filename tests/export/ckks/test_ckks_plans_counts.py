@@ -35,3 +35,39 @@ def test_the_table_labels_planned_counts(plans):
     counted = next(line for line in table.splitlines() if "rotations per query (counted)" in line)
     assert "| 21 | - |" in planned and "not measured" in planned
     assert "| - | 40 |" in counted
+
+
+def test_the_cost_model_prices_the_servers_plaintext_budget(plans, monkeypatch):
+    """The bench's predicted columns come from the cost model with the budget its servers run with
+    (``--plaintext-cache-gb``), so the measured/predicted ratio compares like with like."""
+    seen = {}
+
+    class Prediction:
+        eval_seconds, cold_seconds, peak_bytes, samples = 8.0, 12.0, 3e9, 2
+
+    def predict(workload, costs, **kwargs):
+        seen.update(kwargs, workload=workload, costs=costs)
+        return Prediction()
+
+    attrs = {"predict": predict, "program_workload": lambda prog: ("workload", prog),
+             "calibrated_costs": lambda engine: ("costs", engine)}
+    monkeypatch.setattr(plans, "_tree_attr", lambda name, *modules: attrs[name])
+
+    class Program:
+        class manifest:
+            backend = "seal"
+
+    monkeypatch.delenv("POLYFHE_BENCH_PLAINTEXT_GB", raising=False)
+    assert plans._predicted(Program) == {"predicted_warm_s": 4.0, "predicted_cold_s": 12.0, "predicted_peak_gb": 3.0}
+    assert "plaintext_budget" not in seen and seen["costs"] == ("costs", "seal")
+    monkeypatch.setenv("POLYFHE_BENCH_PLAINTEXT_GB", "6")
+    plans._predicted(Program)
+    assert seen["plaintext_budget"] == 6 * 10**9
+
+
+def test_a_tree_without_the_cost_model_predicts_nothing(plans, monkeypatch):
+    def missing(name, *modules):
+        raise ImportError(name)
+
+    monkeypatch.setattr(plans, "_tree_attr", missing)
+    assert plans._predicted(object()) == {}
