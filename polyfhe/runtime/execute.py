@@ -54,6 +54,8 @@ def observe_steps(callback: Callable[[int, Step], None]) -> Iterator[None]:
 
 class SlotOps(Protocol):
     slots: int
+    parallel_products: bool  # whether ct x ct products (multiply, relin_rescale) release the GIL: then independent
+    # products run on the pool's workers at once; else one after another (threads would only take turns)
 
     def level(self, ct: Any) -> int: ...
     def drop_to(self, ct: Any, level: int) -> Any: ...
@@ -72,6 +74,8 @@ class SlotOps(Protocol):
 
 class NumpyOps:
     """Plain slots: exact arithmetic, levels ignored. Rotation by k moves slot t+k to t (as SEAL does)."""
+
+    parallel_products = False  # numpy's products of one vector are too short to gain from threads
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
@@ -125,6 +129,10 @@ class InterleavedOps:
     def __init__(self, inner: SlotOps, lanes: int) -> None:
         self.inner, self.lanes = inner, lanes
         self.slots = inner.slots // lanes
+
+    @property
+    def parallel_products(self) -> bool:
+        return self.inner.parallel_products
 
     def rotate(self, ct, step):
         return self.inner.rotate(ct, step * self.lanes)
@@ -421,12 +429,14 @@ def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: 
     if observe is not None:
         observe(0, encrypted_input)
     steps = manifest.steps
-    computed: set[int] = set()  # steps already run ahead of their place (in a group of ready linear steps)
+    computed: set[int] = set()  # steps already run ahead of their place (in a group of ready steps)
     for index, step in enumerate(steps):
         if index not in computed:
-            group = _ready_linear_steps(steps, index, regs, computed) if manifest.layout == "single" else [index]
-            if len(group) > 1:
+            group = _ready_group(steps, index, regs, computed, ops) if manifest.layout == "single" else [index]
+            if len(group) > 1 and step.op == "linear":
                 outs = _single_linear_group([steps[i] for i in group], regs, ops, program.arrays, run)
+            elif len(group) > 1:  # independent products: one per worker
+                outs = run.map(lambda i: _single_mul(steps[i], regs, ops, program.arrays, run), group)
             else:
                 fn = EXECUTORS.get((manifest.layout, step.op))
                 if fn is None:
@@ -447,14 +457,32 @@ def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: 
     return regs[manifest.output]
 
 
+def _ready_group(steps, start: int, regs: dict, computed: set[int], ops: SlotOps) -> list[int]:
+    """The steps run with ``start`` (single layout): ready linear steps with a linear step, ready products with a
+    product where ``ops`` runs products without the GIL (SEAL's bindings hold it through a product and its
+    relinearisation: two at once took as long as one after the other), else ``start`` alone."""
+    if steps[start].op == "mul" and ops.parallel_products:
+        return _ready_products(steps, start, regs, computed)
+    return _ready_linear_steps(steps, start, regs, computed)
+
+
 def _ready_linear_steps(steps, start: int, regs: dict, computed: set[int]) -> list[int]:
     """``start`` and, when it is a linear step, every later linear step not yet run whose inputs are all
     computed already: one group whose maps share the pool's rounds (registers are written once, so running a
-    step ahead of its place changes nothing but the order). Products are not grouped: SEAL's bindings hold the
-    GIL through a product and its relinearisation, so two at once take as long as one after the other."""
-    if steps[start].op != "linear":
+    step ahead of its place changes nothing but the order)."""
+    return _ready_steps_of("linear", steps, start, regs, computed)
+
+
+def _ready_products(steps, start: int, regs: dict, computed: set[int]) -> list[int]:
+    """``start`` and, when it is a product, every later product not yet run whose inputs are all computed
+    already: one group whose products take a worker each (ahead of their place, as linear steps)."""
+    return _ready_steps_of("mul", steps, start, regs, computed)
+
+
+def _ready_steps_of(op: str, steps, start: int, regs: dict, computed: set[int]) -> list[int]:
+    if steps[start].op != op:
         return [start]
-    return [start] + [j for j in range(start + 1, len(steps)) if j not in computed and steps[j].op == "linear"
+    return [start] + [j for j in range(start + 1, len(steps)) if j not in computed and steps[j].op == op
                       and all(r in regs for r in steps[j].reads())]
 
 

@@ -3,9 +3,11 @@
 TenSEAL's ``sealapi`` bindings hold Python's GIL for the whole of every SEAL call: the executor's thread pool
 ran one SEAL operation at a time however many cores the machine has (measured at N=16384: a rotation took 31 ms
 on one thread and 31 ms each on two). The same shared library exports SEAL's C++ entry points, and a function
-called through :mod:`ctypes` runs with the GIL released. :class:`NativeSeal` calls the four that carry a linear
-map's work that way: ciphertext copy, plaintext product (``multiply_plain_ntt``), addition and rotation
-(``rotate_internal``). Everything else (encoding, rescaling, relinearisation) stays on the bindings.
+called through :mod:`ctypes` runs with the GIL released. :class:`NativeSeal` calls the seven that carry a linear
+map's and a product's work that way: ciphertext copy, plaintext product (``multiply_plain_ntt``), addition,
+rotation (``rotate_internal``), ciphertext product (``multiply_inplace``), relinearisation
+(``relinearize_internal``) and rescaling (``rescale_to_next``). Everything else (encoding, level switches,
+plaintext additions) stays on the bindings.
 
 A giant step's inner sum, ``sum_t ct_t * pt_t``, has a kernel of polyfhe's own (``polyfhe/engines/seal/_kernels.c``,
 built with the package): SEAL reduces every product and writes every partial sum back to memory, while the
@@ -18,11 +20,12 @@ What this relies on, and how it is kept safe:
 
 * **Object addresses.** A pybind11 instance keeps a pointer to its C++ object in its first value slot, right
   after the Python object header (:func:`cpp_address`).
-* **A memory pool passed by value.** ``rotate_internal`` takes a ``seal::MemoryPoolHandle`` by value. Under the
-  Itanium C++ ABI such an argument is a caller-owned temporary passed by address, which the callee may move from
-  and the caller destroys afterwards. A fresh empty ``seal::Ciphertext`` holds a handle to SEAL's global pool as
-  the first member of its data array (:data:`POOL_HANDLE_OFFSET`); that member serves as the temporary and
-  dropping the ciphertext destroys it, so the pool's reference count stays balanced (the self-test checks it).
+* **A memory pool passed by value.** ``rotate_internal``, ``multiply_inplace``, ``relinearize_internal`` and
+  ``rescale_to_next`` take a ``seal::MemoryPoolHandle`` by value. Under the Itanium C++ ABI such an argument is
+  a caller-owned temporary passed by address, which the callee may move from and the caller destroys afterwards.
+  A fresh empty ``seal::Ciphertext`` holds a handle to SEAL's global pool as the first member of its data array
+  (:data:`POOL_HANDLE_OFFSET`); that member serves as the temporary and dropping the ciphertext destroys it, so
+  the pool's reference count stays balanced (the self-test checks it for each of the four).
 * **No C++ exception may cross ctypes** (it would reach ``std::terminate`` and abort the process, a server with
   every client's session). SEAL is never called directly: every call goes through a wrapper of polyfhe's own
   (``polyfhe/engines/seal/_seal_shim.cpp``, C++ built with the package and linked against the same shared libstdc++ as
@@ -38,7 +41,8 @@ What this relies on, and how it is kept safe:
   0.3 us called directly through ctypes); a rotation at N=16384 with 9 primes took 22.3 ms either way (fastest
   of 60, shared 2-core machine).
 * **Checks before the call.** Every call first checks in Python what SEAL would check (parameters, NTT form,
-  scales, a Galois key of the step's own) and returns ``None`` when anything is off; the caller then takes the
+  sizes, scales, a Galois key of the step's own, relinearisation keys at the key level, a next level to rescale
+  to) and returns ``None`` (``False`` for the in-place calls) when anything is off; the caller then takes the
   bindings' path, which raises as before. What SEAL checks on a result (a transparent ciphertext: an all-zero
   second polynomial) is left to SEAL and the shim. Two refusals of SEAL's public ``multiply_plain`` are not
   made for a native product (``multiply_plain_ntt`` makes neither; scanning would cost a tenth of the
@@ -53,6 +57,7 @@ What this relies on, and how it is kept safe:
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import math
 import os
@@ -77,6 +82,13 @@ SYMBOLS = {
     "multiply_plain_ntt": "_ZNK4seal9Evaluator18multiply_plain_nttERNS_10CiphertextERKNS_9PlaintextE",
     "add_inplace": "_ZNK4seal9Evaluator11add_inplaceERNS_10CiphertextERKS1_",
     "rotate_internal": "_ZNK4seal9Evaluator15rotate_internalERNS_10CiphertextEiRKNS_10GaloisKeysENS_16MemoryPoolHandleE",
+    # void Evaluator::multiply_inplace(Ciphertext&, const Ciphertext&, MemoryPoolHandle) const
+    "multiply_inplace": "_ZNK4seal9Evaluator16multiply_inplaceERNS_10CiphertextERKS1_NS_16MemoryPoolHandleE",
+    # void Evaluator::relinearize_internal(Ciphertext&, const RelinKeys&, size_t, MemoryPoolHandle) const
+    "relinearize_internal":
+        "_ZNK4seal9Evaluator20relinearize_internalERNS_10CiphertextERKNS_9RelinKeysEmNS_16MemoryPoolHandleE",
+    # void Evaluator::rescale_to_next(const Ciphertext&, Ciphertext&, MemoryPoolHandle) const
+    "rescale_to_next": "_ZNK4seal9Evaluator15rescale_to_nextERKNS_10CiphertextERS1_NS_16MemoryPoolHandleE",
 }
 VALUE_SLOT_OFFSET = 16  # pybind11 instance: PyObject header (refcount, type), then the value pointer
 POOL_HANDLE_OFFSET = 80  # seal::Ciphertext: parms_id (32), is_ntt_form + padding (8), size, N, primes, scale,
@@ -95,6 +107,9 @@ SHIM = {
     "multiply_plain_ntt": ("polyfhe_seal_multiply_plain_ntt", [_VOID, _VOID, _VOID]),
     "add_inplace": ("polyfhe_seal_add_inplace", [_VOID, _VOID, _VOID]),
     "rotate_internal": ("polyfhe_seal_rotate_internal", [_VOID, _VOID, ctypes.c_int, _VOID, _VOID]),
+    "multiply_inplace": ("polyfhe_seal_multiply_inplace", [_VOID, _VOID, _VOID, _VOID]),
+    "relinearize_internal": ("polyfhe_seal_relinearize_internal", [_VOID, _VOID, _VOID, ctypes.c_size_t, _VOID]),
+    "rescale_to_next": ("polyfhe_seal_rescale_to_next", [_VOID, _VOID, _VOID, _VOID]),
 }
 _CAUGHT, _FOREIGN, _BAD_ALLOC = 1, 2, 3  # the shim's statuses after a C++ exception (0: done)
 
@@ -135,13 +150,22 @@ class NativeSeal:
         self._multiply = _Guarded(library, shim, "multiply_plain_ntt")
         self._add = _Guarded(library, shim, "add_inplace")
         self._rotate = _Guarded(library, shim, "rotate_internal")
+        self._product = _Guarded(library, shim, "multiply_inplace")
+        self._relinearize = _Guarded(library, shim, "relinearize_internal")
+        self._rescale = _Guarded(library, shim, "rescale_to_next")
+        self._key_parms = tuple(seal.context.key_parms_id())
         self._bits: dict[tuple, int] = {}  # parms_id -> bits of the modulus at that level (SEAL's scale bound)
         self._moduli: dict[tuple, tuple] = {}  # parms_id -> (primes, their values, floor(2^128 / q) words)
+        self._drops: dict[tuple, tuple[int, int]] = {}  # parms_id -> (its last prime, bits of the next level)
         data = seal.context.first_context_data()
         while data is not None:
             self._bits[tuple(data.parms_id())] = data.total_coeff_modulus_bit_count()
             self._moduli[tuple(data.parms_id())] = _moduli(data.parms().coeff_modulus())
-            data = data.next_context_data()
+            below = data.next_context_data()
+            if below is not None:
+                self._drops[tuple(data.parms_id())] = (data.parms().coeff_modulus()[-1].value(),
+                                                       below.total_coeff_modulus_bit_count())
+            data = below
         self._n = seal.params.poly_modulus_degree
         self._dot, self.dot_terms = None, 0
         if kernels is not None:
@@ -215,13 +239,55 @@ class NativeSeal:
         if not has_key or ct.size() != 2 or tuple(ct.parms_id()) not in self._bits or not ct.is_ntt_form():
             return None
         out = self.copy(ct)
-        donor = self.sa.Ciphertext()  # its pool handle is the by-value argument (module docstring)
+        self._pooled(f"rotation by {int(step)}", self._rotate, cpp_address(out), int(step), cpp_address(galois_keys))
+        return out
+
+    def multiply(self, a, b):
+        """``a * b`` into a new ciphertext of three polynomials (not relinearised, not rescaled), or ``None``:
+        both of two polynomials, at one level, in NTT form, their product's scale within the modulus."""
+        parms = tuple(a.parms_id())
+        bits = self._bits.get(parms)
+        scale = a.scale * b.scale
+        if (bits is None or tuple(b.parms_id()) != parms or a.size() != 2 or b.size() != 2 or not a.is_ntt_form()
+                or not b.is_ntt_form() or not 0.0 < scale or int(math.log2(scale)) >= bits):
+            return None
+        out = self.copy(a)
+        self._pooled("product", self._product, cpp_address(out), cpp_address(b))
+        return out
+
+    def relinearize_inplace(self, ct, relin_keys) -> bool:
+        """``ct`` (three polynomials) relinearised to two in place, as the bindings' ``relinearize_inplace``;
+        False (nothing done) when SEAL would refuse it. Where SEAL refuses the result (transparent)
+        :class:`SealCallError` is raised and ``ct`` may hold it, as with the bindings."""
+        if (not isinstance(relin_keys, self.sa.RelinKeys) or ct.size() != 3 or tuple(ct.parms_id()) not in self._bits
+                or not ct.is_ntt_form() or tuple(relin_keys.parms_id()) != self._key_parms or relin_keys.size() < 1):
+            return False
+        self._pooled("relinearisation", self._relinearize, cpp_address(ct), cpp_address(relin_keys), 2)
+        return True
+
+    def rescale_inplace(self, ct) -> bool:
+        """``ct`` rescaled to the next level in place, as the bindings' ``rescale_to_next_inplace``; False
+        (nothing done) when SEAL would refuse it: two polynomials in NTT form, not at the last level, its scale
+        within this level's modulus and the rescaled one within the next's."""
+        parms = tuple(ct.parms_id())
+        drop = self._drops.get(parms)  # None at the last level, or not a level of this context
+        if drop is None or ct.size() != 2 or not ct.is_ntt_form():
+            return False
+        scale = ct.scale / drop[0]  # positive exactly when ct.scale is
+        if not 0.0 < scale or int(math.log2(ct.scale)) >= self._bits[parms] or int(math.log2(scale)) >= drop[1]:
+            return False
+        address = cpp_address(ct)
+        self._pooled("rescale", self._rescale, address, address)  # SEAL's own in-place rescale does the same
+        return True
+
+    def _pooled(self, operation: str, call: _Guarded, *arguments) -> None:
+        """``call`` with the evaluator, ``arguments`` and a donor's memory pool handle as its by-value last
+        argument (module docstring)."""
+        donor = self.sa.Ciphertext()
         try:
-            self._rotate(f"rotation by {int(step)}", self._evaluator, cpp_address(out), int(step),
-                         cpp_address(galois_keys), cpp_address(donor) + POOL_HANDLE_OFFSET)
+            call(operation, self._evaluator, *arguments, cpp_address(donor) + POOL_HANDLE_OFFSET)
         finally:
             del donor  # the callee does not destroy a by-value argument, thrown or not: the donor does
-        return out
 
 
 class _Guarded:
@@ -403,7 +469,8 @@ def bound_dot(seal, cts: list, pts: list):
 def self_test(library: ctypes.CDLL, shim: ctypes.CDLL | None = None) -> str | None:
     """Run every kernel on a throwaway insecure ring against the bindings, and make SEAL refuse a call through
     the shim (it must come back as a caught ``std::exception`` with SEAL's message); the first difference, or
-    None."""
+    None. Every call that takes a memory pool by value must leave the pool's reference count as the bindings'
+    call does."""
     from polyfhe.program.params import CKKSParams
 
     seal, keygen, public = _throwaway_ring(
@@ -443,19 +510,60 @@ def self_test(library: ctypes.CDLL, shim: ctypes.CDLL | None = None) -> str | No
     if not pool_ctrl:
         return "memory pool handle"
     uses = ctypes.c_int.from_address(pool_ctrl + SHARED_PTR_USE_COUNT)
-    for step in steps:  # each result holds one pool reference; the by-value handle must leave none behind
+
+    def pooled(name: str, bound, call) -> str | None:
+        """``bound()`` and ``call()`` (the native kernel) equal, and leaving as many pool references behind: each
+        result holds one, the by-value handle none."""
         before = uses.value
-        want = sa.Ciphertext()
-        ev.rotate_vector(ct, step, galois, want)
+        want = bound()
         middle = uses.value
-        got = native.rotate(ct, step, galois, has_key=True)
+        got = call()
         after = uses.value
         if got is None or not same(got, want):
-            return f"rotation by {step}"
+            return name
         if after - middle != middle - before:
-            return f"memory pool references: +{after - middle} for a native rotation, +{middle - before} bound"
-        del got, want
-    return None
+            return f"memory pool references: +{after - middle} for a native {name}, +{middle - before} bound"
+        return None
+
+    def rotated(step: int):
+        out = sa.Ciphertext()
+        ev.rotate_vector(ct, step, galois, out)
+        return out
+
+    for step in steps:
+        mismatch = pooled(f"rotation by {step}", functools.partial(rotated, step),
+                          functools.partial(native.rotate, ct, step, galois, has_key=True))
+        if mismatch:
+            return mismatch
+    return _product_self_test(native, seal, keygen, public, ct, pooled)
+
+
+def _product_self_test(native: NativeSeal, seal, keygen, public, ct, pooled) -> str | None:
+    """A ciphertext product, its relinearisation and its rescale against the bindings (``pooled``: the
+    comparison of :func:`self_test`); the first difference, or None."""
+    sa, ev = seal.sa, seal.evaluator
+    relin = sa.RelinKeys()
+    keygen.create_relin_keys(relin)
+    other = sa.Ciphertext()
+    sa.Encryptor(seal.context, public).encrypt(seal.encode(0.5, ct.parms_id(), 2.0**30), other)
+
+    def multiplied():
+        out = sa.Ciphertext()
+        ev.multiply(ct, other, out)
+        return out
+
+    def in_place(method, source, *arguments):
+        """A copy of ``source`` after ``method(copy, *arguments)``; None where the native kernel declined."""
+        out = native.copy(source)
+        return None if method(out, *arguments) is False else out
+
+    product = multiplied()
+    relinearised = in_place(ev.relinearize_inplace, product, relin)
+    return (pooled("ciphertext product", multiplied, functools.partial(native.multiply, ct, other))
+            or pooled("relinearisation", functools.partial(in_place, ev.relinearize_inplace, product, relin),
+                      functools.partial(in_place, native.relinearize_inplace, product, relin))
+            or pooled("rescale", functools.partial(in_place, ev.rescale_to_next_inplace, relinearised),
+                      functools.partial(in_place, native.rescale_inplace, relinearised)))
 
 
 

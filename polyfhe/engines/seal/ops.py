@@ -79,7 +79,8 @@ class SealOps:
         self._rotation_costs: dict[int, int] = {}  # step -> key switches, from the Galois keys held
         self._keyed: dict[int, bool] = {}  # step -> whether the Galois keys hold its own key
         self._lock = threading.Lock()
-        # products, additions and rotations without the GIL, so the executor's threads share the cores
+        # products (plaintext and ciphertext), additions, rotations, relinearisations and rescales without the
+        # GIL, so the executor's threads share the cores
         self.native = native_kernels(seal)
 
     def _count(self, name: str, n: int = 1) -> None:
@@ -225,18 +226,29 @@ class SealOps:
                self._encode_scalar(value, ct.parms_id(), ct.scale))
         return ct
 
+    @property
+    def parallel_products(self) -> bool:
+        """Whether products, relinearisations and rescales run without the GIL (the native path), so that
+        independent products gain from the executor's threads."""
+        return self.native is not None
+
     def rescale(self, ct):
-        _bound("rescale", self.ev.rescale_to_next_inplace, ct)
+        """``ct`` rescaled in place: natively, or through the bindings where the native kernel declines."""
+        if self.native is None or not self.native.rescale_inplace(ct):
+            _bound("rescale", self.ev.rescale_to_next_inplace, ct)
         self._count("rescales")
         return ct
 
     def multiply(self, a, b):
-        out = self.seal.sa.Ciphertext()
-        _bound("product", self.ev.multiply, a, b, out)
+        out = None if self.native is None else self.native.multiply(a, b)
+        if out is None:
+            out = self.seal.sa.Ciphertext()
+            _bound("product", self.ev.multiply, a, b, out)
         self._count("products")
         return out
 
     def relin_rescale(self, ct):
-        _bound("relinearisation", self.ev.relinearize_inplace, ct, self.relin_keys)
+        if self.native is None or not self.native.relinearize_inplace(ct, self.relin_keys):
+            _bound("relinearisation", self.ev.relinearize_inplace, ct, self.relin_keys)
         self._count("key_switches")
         return self.rescale(ct)

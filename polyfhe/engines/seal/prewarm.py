@@ -46,6 +46,8 @@ class ScaleOps:
     """The executor's slot operations on (level, scale) only; plaintext products and additions go through the
     program's store with the keys :class:`~polyfhe.engines.seal.ops.SealOps` uses, encoding what is missing."""
 
+    parallel_products = False  # scale arithmetic in Python: nothing to run at once
+
     def __init__(self, seal: SealContext, store: PlaintextStore) -> None:
         self.seal, self.store = seal, store
         self.slots = seal.slots

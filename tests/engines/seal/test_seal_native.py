@@ -24,6 +24,8 @@ from polyfhe.engines.seal.errors import SealCallError
 from polyfhe.engines.seal.native import (
     CT_DATA_OFFSET,
     NATIVE_ENV,
+    POOL_HANDLE_OFFSET,
+    SHARED_PTR_USE_COUNT,
     _kernels,
     _largest_residues,
     _library,
@@ -115,6 +117,94 @@ def test_what_seal_would_refuse_is_left_to_the_bindings(ring):
     three = sa.Ciphertext()
     ev.multiply(ct, ct, three)
     assert native.rotate(three, 1, galois, has_key=True) is None  # size 3: not relinearised
+
+
+@pytest.fixture(scope="module")
+def relin_keys(ring):
+    """Relinearisation keys on the ring (of another secret key: SEAL's bytes, not the values, are compared)."""
+    seal = ring[0]
+    keys = seal.sa.RelinKeys()
+    seal.sa.KeyGenerator(seal.context).create_relin_keys(keys)
+    return keys
+
+
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_products_relinearisations_and_rescales_match_the_bindings_byte_for_byte(ring, public_key, relin_keys,
+                                                                                 level):
+    seal, native, _, _ = ring
+    sa, ev = seal.sa, seal.evaluator
+    rng = np.random.default_rng(10 + level)
+    a, b = _encrypted(seal, public_key, level, rng), _encrypted(seal, public_key, level, rng)
+    before = [(seal.dump(ct), ct.scale) for ct in (a, b)]
+
+    want = sa.Ciphertext()
+    ev.multiply(a, b, want)
+    got = native.multiply(a, b)
+    assert got is not None and got.size() == 3 and _same(seal, got, want)
+    square = sa.Ciphertext()
+    ev.multiply(a, a, square)
+    assert _same(seal, native.multiply(a, a), square)  # one ciphertext as both operands
+    assert [(seal.dump(ct), ct.scale) for ct in (a, b)] == before  # inputs untouched: the product is a copy
+
+    ev.relinearize_inplace(want, relin_keys)
+    assert native.relinearize_inplace(got, relin_keys) and got.size() == 2 and _same(seal, got, want)
+    ev.rescale_to_next_inplace(want)
+    assert native.rescale_inplace(got) and _same(seal, got, want)
+    assert seal.chain_index(got) == seal.chain_index(a) - 1 and got.scale < a.scale * b.scale
+
+
+def test_sealops_products_match_the_bindings_and_count_alike(ring, public_key):
+    seal, _, _, _ = ring
+    keygen = seal.sa.KeyGenerator(seal.context)
+    relin = seal.sa.RelinKeys()
+    keygen.create_relin_keys(relin)
+    rng = np.random.default_rng(20)
+    a, b = _encrypted(seal, public_key, 1, rng), _encrypted(seal, public_key, 1, rng)
+    native_ops, bound_ops = SealOps(seal, relin), SealOps(seal, relin)
+    bound_ops.native = None
+    assert native_ops.parallel_products and not bound_ops.parallel_products
+    results = [ops.relin_rescale(ops.multiply(a, b)) for ops in (native_ops, bound_ops)]
+    assert _same(seal, *results)
+    assert _same(seal, native_ops.rescale(native_ops.add(None, native_ops.mul_scalar(a, 0.5))),
+                 bound_ops.rescale(bound_ops.add(None, bound_ops.mul_scalar(a, 0.5))))
+    assert native_ops.counts == bound_ops.counts
+    assert native_ops.counts["products"] == 1 and native_ops.counts["rescales"] == 2
+    assert native_ops.counts["key_switches"] == 1
+
+
+def test_what_seal_would_refuse_of_a_product_is_left_to_the_bindings(ring, public_key, relin_keys):
+    seal, native, galois, ct = ring
+    sa, ev = seal.sa, seal.evaluator
+    low = sa.Ciphertext()
+    ev.mod_switch_to(ct, seal.parms_id_at(1), low)
+    last = sa.Ciphertext()
+    ev.mod_switch_to(ct, seal.context.last_parms_id(), last)
+    three = native.multiply(ct, ct)
+    assert native.multiply(ct, low) is None  # levels differ
+    assert native.multiply(three, ct) is None and native.multiply(ct, three) is None  # size 3
+    huge = native.copy(ct)
+    huge.scale = 2.0**145  # over the 140-bit modulus at level 0, and so is its product
+    assert native.multiply(ct, huge) is None
+    assert not native.relinearize_inplace(native.copy(ct), relin_keys)  # already two polynomials
+    assert not native.relinearize_inplace(native.multiply(ct, ct), None)  # no relinearisation keys
+    assert not native.relinearize_inplace(native.multiply(ct, ct), galois)  # a key set without a relin key
+    assert not native.rescale_inplace(last)  # the end of the chain
+    assert not native.rescale_inplace(three)  # not relinearised
+    before = seal.dump(huge)
+    assert not native.rescale_inplace(huge)  # its scale is over the modulus already
+    assert seal.dump(huge) == before  # declined: nothing done
+
+
+def test_the_self_test_finds_a_product_kernel_that_differs(monkeypatch):
+    def off_scale(self, ct) -> bool:  # the bindings' rescale, then a scale off by one part in 2^40
+        self.seal.evaluator.rescale_to_next_inplace(ct)
+        ct.scale *= 1 + 2.0**-40
+        return True
+
+    monkeypatch.setattr(seal_native.NativeSeal, "rescale_inplace", off_scale)
+    assert self_test(_library(), seal_native._STATE.get("shim")) == "rescale"
+    monkeypatch.setattr(seal_native.NativeSeal, "multiply", lambda self, a, b: None)
+    assert self_test(_library(), seal_native._STATE.get("shim")) == "ciphertext product"
 
 
 def test_the_dot_kernel_is_built_and_passes_its_self_test():
@@ -347,8 +437,8 @@ def test_the_attack_does_not_abort_the_process():
 
 
 def test_the_shim_catches_what_each_seal_function_throws(forged):
-    """Each of the four wrappers, past the Python checks, on values SEAL refuses: the refusal comes back with
-    SEAL's own message (a caught std::exception, not the shim's catch-all) and the process goes on."""
+    """Each of the four linear-map wrappers, past the Python checks, on values SEAL refuses: the refusal comes
+    back with SEAL's own message (a caught std::exception, not the shim's catch-all) and the process goes on."""
     seal, galois, _, ct = forged
     sa, ev = seal.sa, seal.evaluator
     native = native_kernels(seal)
@@ -380,6 +470,64 @@ def test_the_shim_catches_what_each_seal_function_throws(forged):
     ev.add(ct, ct, want)
     got = native.copy(ct)
     assert native.add_inplace(got, ct) and _same(seal, got, want)
+
+
+def _pool_uses(seal) -> ctypes.c_int:
+    """The use count of SEAL's global memory pool (a fresh ciphertext holds a handle to it)."""
+    empty = seal.sa.Ciphertext()
+    control = ctypes.c_void_p.from_address(cpp_address(empty) + POOL_HANDLE_OFFSET + 8).value
+    return ctypes.c_int.from_address(control + SHARED_PTR_USE_COUNT)
+
+
+def test_the_shim_catches_what_the_product_functions_throw(forged):
+    """multiply_inplace, relinearize_internal and rescale_to_next past the Python checks, on values SEAL refuses:
+    SEAL's own message comes back as SealCallError, the memory pool's references stay balanced (the by-value
+    handle is its donor's to destroy, thrown or not) and the process goes on."""
+    seal, _, _, ct = forged
+    sa, ev = seal.sa, seal.evaluator
+    native = native_kernels(seal)
+    relin = sa.RelinKeys()
+    sa.KeyGenerator(seal.context).create_relin_keys(relin)
+    last = sa.Ciphertext()
+    ev.mod_switch_to(ct, seal.context.last_parms_id(), last)
+    out, three = native.copy(ct), native.multiply(ct, ct)
+    uses = _pool_uses(seal)
+    before = uses.value
+    with pytest.raises(SealCallError, match="product: .*mismatch"):  # operands at two levels
+        native._pooled("product", native._product, cpp_address(out), cpp_address(last))
+    with pytest.raises(SealCallError, match="relinearisation: destination_size"):  # to four polynomials of three
+        native._pooled("relinearisation", native._relinearize, cpp_address(three), cpp_address(relin), 4)
+    with pytest.raises(SealCallError, match="rescale: end of modulus switching chain"):
+        native._pooled("rescale", native._rescale, cpp_address(last), cpp_address(last))
+    assert uses.value == before
+    want = sa.Ciphertext()
+    ev.multiply(ct, ct, want)
+    assert _same(seal, native.multiply(ct, ct), want)  # and the kernels still work afterwards
+
+
+def test_both_paths_raise_the_same_error_where_seal_refuses_a_product(forged):
+    """Transparent results (a client's forged ciphertexts: every polynomial but the first zero) of a product, a
+    relinearisation and a rescale: SealCallError with SEAL's message, natively and through the bindings."""
+    seal, _, _, genuine = forged
+    sa = seal.sa
+    relin = sa.RelinKeys()
+    sa.KeyGenerator(seal.context).create_relin_keys(relin)
+    count = len(seal.context.first_context_data().parms().coeff_modulus()) * seal.params.poly_modulus_degree
+    native = native_kernels(seal)
+    zero, three = native.copy(genuine), native.multiply(genuine, genuine)
+    residues(zero, CT_DATA_OFFSET, 2 * count)[count:] = 0
+    residues(three, CT_DATA_OFFSET, 3 * count)[count:] = 0
+    for on in (True, False):
+        ops = SealOps(seal, relin)
+        if not on:
+            ops.native = None
+        assert ops.parallel_products is on
+        with pytest.raises(SealCallError, match="product: result ciphertext is transparent"):
+            ops.multiply(zero, zero)
+        with pytest.raises(SealCallError, match="relinearisation: result ciphertext is transparent"):
+            ops.relin_rescale(native.copy(three))
+        with pytest.raises(SealCallError, match="rescale: result ciphertext is transparent"):
+            ops.rescale(native.copy(zero))
 
 
 def test_the_bindings_refusals_are_seal_call_errors_too(forged):
