@@ -234,6 +234,12 @@ def stage_compile(folder: Path, out: Path, backend: str = "seal") -> dict:
             **_predicted(prog)}
 
 
+def _plaintext_budget() -> int | None:
+    """The servers' plaintext store budget in bytes (``--plaintext-cache-gb``), or None: the library's default."""
+    budget = os.environ.get("POLYFHE_BENCH_PLAINTEXT_GB")
+    return None if budget is None else int(float(budget) * 1e9)
+
+
 def _predicted(prog) -> dict:
     """The cost model's latency and server memory for the program (``polyfhe cost PROGRAM``), priced with the
     server's plaintext budget; empty in a tree without the cost model."""
@@ -243,8 +249,8 @@ def _predicted(prog) -> dict:
         costs = _tree_attr("calibrated_costs", "polyfhe.cost.model")(prog.manifest.backend)
     except ImportError:
         return {}
-    budget = os.environ.get("POLYFHE_BENCH_PLAINTEXT_GB")
-    kwargs = {} if budget is None else {"plaintext_budget": int(float(budget) * 1e9)}
+    budget = _plaintext_budget()
+    kwargs = {} if budget is None else {"plaintext_budget": budget}
     p = predict(workload, costs, **kwargs)
     return {"predicted_warm_s": p.eval_seconds / max(1, p.samples), "predicted_cold_s": p.cold_seconds,
             "predicted_peak_gb": p.peak_bytes / 1e9}
@@ -296,8 +302,8 @@ def stage_server(program: Path, work: Path) -> dict:
             pass
         else:
             warm_s = warm_plaintexts(prog).seconds
-    budget = os.environ.get("POLYFHE_BENCH_PLAINTEXT_GB")  # --plaintext-cache-gb
-    server = prog.server(context) if budget is None else prog.server(context, max_cache_bytes=int(float(budget) * 1e9))
+    budget = _plaintext_budget()
+    server = prog.server(context) if budget is None else prog.server(context, max_cache_bytes=budget)
     # parsed: a server drops the uploaded bytes now (the file's pages come back if an engine reads them again)
     context.madvise(mmap.MADV_DONTNEED)
     times, counts = [], []

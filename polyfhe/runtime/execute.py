@@ -461,8 +461,8 @@ def _ready_group(steps, start: int, regs: dict, computed: set[int], ops: SlotOps
     """The steps run with ``start`` (single layout): ready linear steps with a linear step, ready products with a
     product where ``ops`` runs products without the GIL (SEAL's bindings hold it through a product and its
     relinearisation: two at once took as long as one after the other), else ``start`` alone."""
-    if steps[start].op == "mul" and ops.parallel_products:
-        return _ready_products(steps, start, regs, computed)
+    if steps[start].op == "mul" and ops.parallel_products:  # products take a worker each
+        return _ready_steps_of("mul", steps, start, regs, computed)
     return _ready_linear_steps(steps, start, regs, computed)
 
 
@@ -473,13 +473,8 @@ def _ready_linear_steps(steps, start: int, regs: dict, computed: set[int]) -> li
     return _ready_steps_of("linear", steps, start, regs, computed)
 
 
-def _ready_products(steps, start: int, regs: dict, computed: set[int]) -> list[int]:
-    """``start`` and, when it is a product, every later product not yet run whose inputs are all computed
-    already: one group whose products take a worker each (ahead of their place, as linear steps)."""
-    return _ready_steps_of("mul", steps, start, regs, computed)
-
-
 def _ready_steps_of(op: str, steps, start: int, regs: dict, computed: set[int]) -> list[int]:
+    """``start`` and, when it is an ``op`` step, every later ``op`` step not yet run whose inputs are all computed."""
     if steps[start].op != op:
         return [start]
     return [start] + [j for j in range(start + 1, len(steps)) if j not in computed and steps[j].op == op
