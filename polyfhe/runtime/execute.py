@@ -137,6 +137,9 @@ class InterleavedOps:
     def rotate(self, ct, step):
         return self.inner.rotate(ct, step * self.lanes)
 
+    def rotate_decomposed(self, decomposition, step):
+        return self.inner.rotate_decomposed(decomposition, step * self.lanes)
+
     def mul_vector(self, ct, vec, key):
         return self.inner.mul_vector(ct, np.repeat(vec, self.lanes), key)
 
@@ -235,8 +238,12 @@ class _LinearWork:
                 self._windows[register] = rotate_sums(self.ops, self.dropped[register], self.pre)
             return self._windows[register]
 
+    def base(self, key):
+        """The ciphertext a baby rotation ``key`` rotates: the register at this step's level (or its window sum)."""
+        return self._window(key[0]) if self.pre else self.dropped[key[0]]
+
     def rotate_baby(self, key):
-        base = self._window(key[0]) if self.pre else self.dropped[key[0]]
+        base = self.base(key)
         return base if key[1] == 0 else self.ops.rotate(base, key[1])
 
     def giant_items(self) -> list[tuple[float, int, Any]]:
@@ -288,9 +295,7 @@ def _single_linear_group(steps: list[Step], regs: dict, ops: SlotOps, arrays: di
     for work in works:
         for key in work.needed:
             needed.setdefault(key, work)
-    keys = list(needed)
-    rotated = run.map(lambda k: needed[k].rotate_baby(k), keys)
-    run.cache.update(zip(keys, rotated, strict=True))
+    run.cache.update(_baby_rotations(needed, ops, run))
     items = sorted(((cost, i, g, parts) for i, work in enumerate(works) for cost, g, parts in work.giant_items()),
                    key=lambda item: -item[0])
     done = run.map(lambda item: works[item[1]].giant(item[2], item[3]), items)
@@ -299,6 +304,36 @@ def _single_linear_group(steps: list[Step], regs: dict, ops: SlotOps, arrays: di
         parts[i][g] = value
     return run.map(lambda pair: pair[0].finish([pair[1][g] for g in sorted(pair[1])]),
                    list(zip(works, parts, strict=True)))
+
+
+def _baby_rotations(needed: dict, ops: SlotOps, run: RunContext) -> dict:
+    """Every baby rotation in ``needed`` (key -> the map that makes it). Where ``ops`` hoists (``decompose``),
+    the rotations of one ciphertext by two or more steps share its key-switch decomposition: the bases are
+    decomposed in one round of the pool (beside the rotations that share nothing), their rotations made in
+    the next. A base whose decomposition is declined is rotated step by step."""
+    by_base: dict[tuple, list] = {}
+    for key in needed:
+        if key[1]:
+            by_base.setdefault((key[0], *key[2:]), []).append(key)
+    decompose = getattr(ops, "decompose", None)
+    shared = {base: keys for base, keys in by_base.items() if len(keys) > 1} if decompose is not None else {}
+    grouped = {key for keys in shared.values() for key in keys}
+    single = [key for key in needed if key not in grouped]
+
+    def first_round(item):
+        kind, what = item
+        if kind == "decompose":
+            return decompose(needed[shared[what][0]].base(shared[what][0]))
+        return needed[what].rotate_baby(what)
+
+    made = run.map(first_round, [("decompose", base) for base in shared] + [("rotate", key) for key in single])
+    out = dict(zip(single, made[len(shared):], strict=True))
+    parts = dict(zip(shared, made[:len(shared)], strict=True))
+    second = [key for base in shared for key in shared[base]]
+    rotated = run.map(lambda key: (ops.rotate_decomposed(parts[(key[0], *key[2:])], key[1])
+                                   if parts[(key[0], *key[2:])] is not None else needed[key].rotate_baby(key)), second)
+    out.update(zip(second, rotated, strict=True))
+    return out
 
 
 def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:

@@ -35,6 +35,7 @@ COUNTERS = (
     "encodes",  # plaintexts encoded by this backend: store misses plus scalars
     "scalar_encodes",  # the scalars among them (batch layout weights and biases: never stored)
     "plaintext_hits",  # plaintext diagonals and biases the store already held (or another thread encoded)
+    "hoisted_rotations",  # the rotations (and key switches) among the above that shared a decomposition
 )
 
 def rotation_key_switches(step: int, slots: int, has_key: Callable[[int], bool]) -> int:
@@ -82,6 +83,7 @@ class SealOps:
         # products (plaintext and ciphertext), additions, rotations, relinearisations and rescales without the
         # GIL, so the executor's threads share the cores
         self.native = native_kernels(seal)
+        self._hoister = False  # made on the first decomposition (its tables take a moment); None: not hoisting
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -117,6 +119,33 @@ class SealOps:
             self.counts["rotations"] += 1
             self.counts["key_switches"] += switches
         return ct
+
+    def decompose(self, ct):
+        """``ct`` decomposed for several hoisted rotations (:mod:`polyfhe.engines.seal.hoist`), or None where
+        rotations are not hoisted (no native path, no kernel, or its self-test failed)."""
+        if self.galois_keys is None or self.native is None:
+            return None
+        if self._hoister is False:
+            with self._lock:
+                if self._hoister is False:
+                    from polyfhe.engines.seal.hoist import hoister_for
+
+                    self._hoister = hoister_for(self.seal, self.galois_keys, self.native)
+        return None if self._hoister is None else self._hoister.decompose(ct)
+
+    def rotate_decomposed(self, decomposition, step: int):
+        """The decomposed ciphertext rotated by ``step``: hoisted where the step has a key of its own, else as
+        :meth:`rotate` (a chain of keys, or SEAL's composition)."""
+        step = int(step)
+        links = self._chain.chain(step) if self._chain is not None else [step] if self._keyed_step(step) else []
+        out = self._hoister.rotate(decomposition, links[0]) if len(links) == 1 else None
+        if out is None:
+            return self.rotate(decomposition.ct, step)
+        with self._lock:
+            self.counts["rotations"] += 1
+            self.counts["key_switches"] += 1
+            self.counts["hoisted_rotations"] += 1
+        return out
 
     def _rotate_once(self, ct, step: int):
         """One ``rotate_vector`` call: natively when the step has a key of its own (every link of a key chain

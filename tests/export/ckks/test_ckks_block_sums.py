@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from test_ckks_planner import _run_circuit
 
 from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, MulNode
 from polyfhe.exporters.ckks.plan import block_sums, plan_single
 from polyfhe.program.errors import ProgramError
 from polyfhe.program.steps import LinearAttrs
-from test_ckks_planner import _run_circuit
 
 ROWS, COLS = 32, 24  # a register of 32 rows of 24 tokens, padded to blocks of 32 slots
 
