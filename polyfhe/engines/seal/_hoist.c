@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef unsigned __int128 u128;
+#include "_modarith.h"
 
 #define BLOCK 256
 #define MAX_DIGITS 256 /* products below 2^120: 2^8 of them fit 128 bits */
@@ -38,19 +38,6 @@ typedef struct {
     uint64_t inv_n, inv_n_shoup;
 } prime_tables;
 
-static inline uint64_t reduce128(u128 x, uint64_t q, uint64_t r0, uint64_t r1) {
-    uint64_t lo = (uint64_t)x, hi = (uint64_t)(x >> 64);
-    uint64_t carry = (uint64_t)(((u128)lo * r0) >> 64);
-    u128 lo_r1 = (u128)lo * r1;
-    uint64_t mid = (uint64_t)lo_r1 + carry;
-    uint64_t top = (uint64_t)(lo_r1 >> 64) + (mid < carry);
-    u128 hi_r0 = (u128)hi * r0;
-    uint64_t sum = mid + (uint64_t)hi_r0;
-    uint64_t quotient = hi * r1 + top + (uint64_t)(hi_r0 >> 64) + (sum < mid);
-    uint64_t r = lo - quotient * q;
-    r = r >= q ? r - q : r;
-    return r >= q ? r - q : r;
-}
 
 /* a * w mod q with w's Shoup quotient floor(w 2^64 / q); a < 2^64, result in [0, q). */
 static inline uint64_t mul_shoup(uint64_t a, uint64_t w, uint64_t w_shoup, uint64_t q) {

@@ -151,22 +151,24 @@ def test_programs_decrypt_alike_with_and_without_hoisting(monkeypatch):
     assert out[True][1]["rotations"] == out[False][1]["rotations"]
 
 
+class _Work:
+    """A linear map's baby-rotation side as ``_baby_rotations`` uses it, on numpy slot vectors."""
+
+    def __init__(self, value, calls=None):
+        self.value, self.calls = value, calls if calls is not None else []
+
+    def base(self, key):
+        return self.value
+
+    def rotate_baby(self, key):
+        self.calls.append(key)
+        return np.roll(self.value, -key[1])
+
+
 def test_baby_rotations_without_hoisting_ops_rotate_one_by_one():
     """NumpyOps has no ``decompose``: every rotation goes through ``rotate`` as before."""
     calls = []
-
-    class Work:
-        def __init__(self, value):
-            self.value = value
-
-        def base(self, key):
-            return self.value
-
-        def rotate_baby(self, key):
-            calls.append(key)
-            return np.roll(self.value, -key[1])
-
-    work = Work(np.arange(8.0))
+    work = _Work(np.arange(8.0), calls)
     needed = {(3, 1, 0): work, (3, 2, 0): work, (4, 1, 0): work}
     out = ex._baby_rotations(needed, ex.NumpyOps(8), ex.RunContext(1))
     assert sorted(calls) == sorted(needed) and np.array_equal(out[(3, 2, 0)], np.roll(np.arange(8.0), -2))
@@ -186,17 +188,7 @@ def test_baby_rotations_share_a_decomposition_per_base():
             rotated.append(step)
             return np.roll(parts[1], -step)
 
-    class Work:
-        def __init__(self, value):
-            self.value = value
-
-        def base(self, key):
-            return self.value
-
-        def rotate_baby(self, key):
-            return np.roll(self.value, -key[1])
-
-    a, b = Work(np.arange(8.0)), Work(np.arange(8.0) * 2)
+    a, b = _Work(np.arange(8.0)), _Work(np.arange(8.0) * 2)
     needed = {(3, 1, 0): a, (3, 2, 0): a, (3, 0, 0): a, (4, 1, 0): b}
     out = ex._baby_rotations(needed, Ops(), ex.RunContext(2))
     assert len(made) == 1 and sorted(rotated) == [1, 2]  # register 4 has one rotation: nothing to share
