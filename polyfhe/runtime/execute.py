@@ -306,11 +306,15 @@ def _single_linear_group(steps: list[Step], regs: dict, ops: SlotOps, arrays: di
                    list(zip(works, parts, strict=True)))
 
 
+HOIST_BATCH = 4  # bases decomposed at once: a decomposition holds L (L + 1) polynomials (71 MB at N=32768, 16 primes)
+
+
 def _baby_rotations(needed: dict, ops: SlotOps, run: RunContext) -> dict:
     """Every baby rotation in ``needed`` (key -> the map that makes it). Where ``ops`` hoists (``decompose``),
     the rotations of one ciphertext by two or more steps share its key-switch decomposition: the bases are
     decomposed in one round of the pool (beside the rotations that share nothing), their rotations made in
-    the next. A base whose decomposition is declined is rotated step by step."""
+    the next, :data:`HOIST_BATCH` bases at a time (bounded memory). A base whose decomposition is declined is
+    rotated step by step."""
     by_base: dict[tuple, list] = {}
     for key in needed:
         if key[1]:
@@ -326,13 +330,16 @@ def _baby_rotations(needed: dict, ops: SlotOps, run: RunContext) -> dict:
             return decompose(needed[shared[what][0]].base(shared[what][0]))
         return needed[what].rotate_baby(what)
 
-    made = run.map(first_round, [("decompose", base) for base in shared] + [("rotate", key) for key in single])
-    out = dict(zip(single, made[len(shared):], strict=True))
-    parts = dict(zip(shared, made[:len(shared)], strict=True))
-    second = [key for base in shared for key in shared[base]]
-    rotated = run.map(lambda key: (ops.rotate_decomposed(parts[(key[0], *key[2:])], key[1])
-                                   if parts[(key[0], *key[2:])] is not None else needed[key].rotate_baby(key)), second)
-    out.update(zip(second, rotated, strict=True))
+    bases, out = list(shared), {}
+    for start in range(0, max(1, len(bases)), HOIST_BATCH):  # a batch's decompositions are dropped after it
+        batch = bases[start:start + HOIST_BATCH]
+        alone = single if start == 0 else []
+        made = run.map(first_round, [("decompose", base) for base in batch] + [("rotate", key) for key in alone])
+        out.update(zip(alone, made[len(batch):], strict=True))
+        second = [(key, part) for base, part in zip(batch, made, strict=False) for key in shared[base]]
+        rotated = run.map(lambda item: (ops.rotate_decomposed(item[1], item[0][1]) if item[1] is not None
+                                        else needed[item[0]].rotate_baby(item[0])), second)
+        out.update(zip((key for key, _ in second), rotated, strict=True))
     return out
 
 

@@ -194,5 +194,10 @@ def test_baby_rotations_share_a_decomposition_per_base():
     assert len(made) == 1 and sorted(rotated) == [1, 2]  # register 4 has one rotation: nothing to share
     for key, work in needed.items():
         assert np.array_equal(out[key], np.roll(work.value, -key[1]))
+    many = {(r, s, 0): _Work(np.arange(8.0) + r) for r in range(ex.HOIST_BATCH + 2) for s in (1, 2)}
+    made.clear()
+    out = ex._baby_rotations(many, Ops(), ex.RunContext(2))  # more bases than one batch holds
+    assert len(made) == ex.HOIST_BATCH + 2
+    assert all(np.array_equal(out[key], np.roll(work.value, -key[1])) for key, work in many.items())
     wrapped = ex.InterleavedOps(Ops(), 2)
     assert np.array_equal(wrapped.rotate_decomposed(("parts", np.arange(8.0)), 1), np.roll(np.arange(8.0), -2))
