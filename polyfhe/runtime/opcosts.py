@@ -42,9 +42,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_VERSION = 2  # bump when the probes or the model change: old cache files are then ignored
+CALIBRATION_VERSION = 3  # bump when the probes or the model change: old cache files are then ignored
 # rotation: a key switch with the step's own key; hoisted_rotation: a baby step sharing its input's decomposition
-# (Lattigo); transform: Lattigo's per-transform work (decomposition, ModDown, rescale); ct_product: ct x ct
+# (Lattigo; SEAL where hoisting is on); transform: Lattigo's per-transform work (decomposition, ModDown, rescale),
+# SEAL's decomposition of a ciphertext its baby steps share; ct_product: ct x ct
 # product and relinearisation; io: one query's input and output ciphertexts through the engine's marshalling
 OPS = ("rotation", "hoisted_rotation", "transform", "encode", "plain_product", "ct_product", "rescale", "add", "io")
 N_TERMS = 3  # c0, c1, c2

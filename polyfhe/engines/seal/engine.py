@@ -87,9 +87,10 @@ def _warm_plaintexts(program):
 
 
 def _build_notes() -> str:
+    from polyfhe.engines.seal.hoist import hoisting_available
     from polyfhe.engines.seal.native import dot_available
 
-    return f"dot-kernel={'on' if dot_available() else 'off'}"
+    return f"dot-kernel={'on' if dot_available() else 'off'},hoisting={'on' if hoisting_available() else 'off'}"
 
 
 BACKEND = Backend("seal", "Microsoft SEAL 4.x through TenSEAL's sealapi", ("single", "batch"), _available, _prepare,

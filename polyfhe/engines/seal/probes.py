@@ -12,6 +12,7 @@ import logging
 import numpy as np
 
 from polyfhe.engines.seal.context import SealContext
+from polyfhe.engines.seal.hoist import hoister_for
 from polyfhe.engines.seal.native import native_kernels
 from polyfhe.program.boundary import galois_element
 from polyfhe.program.params import CKKSParams
@@ -96,6 +97,11 @@ def _seal_level(seal, ct, ring: int, primes: int, relin, galois, rng, repeats: i
         "rescale": (lambda: ev.rescale_to_next(product, out), 0, 1),
         "add": (adds, 0, STREAM),
     }
+    hoister = hoister_for(seal, galois, native)
+    if hoister is not None:  # what the executor runs for baby steps: a decomposition, then hoisted rotations
+        shared = hoister.decompose(ct)
+        timed["transform"] = (lambda: hoister.decompose(ct), primes, 1)
+        timed["hoisted_rotation"] = (lambda: hoister.rotate(shared, 1), primes, 1)
     probes = []
     for op, (fn, digits, count) in timed.items():
         fn()  # warm

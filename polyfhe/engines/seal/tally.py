@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from polyfhe.engines.seal.hoist import hoisting_available
 from polyfhe.engines.seal.native import dot_available
 from polyfhe.runtime.opcosts import OpSite, Tally, merge
 from polyfhe.runtime.rotations import KeyChain
@@ -27,11 +28,23 @@ def _single(program) -> tuple[Tally, dict, int]:
     cached: set[tuple] = set()
     live, peak = {0}, 1
     fused = dot_available()
+    hoisted = hoisting_available()
     last = {r: i for i, s in enumerate(m.steps) for r in s.reads()}
 
     def add(site: OpSite, count: float = 1.0) -> None:
         if count:
             tally[site] = tally.get(site, 0.0) + count
+
+    def hoist(steps: list[int], primes: int) -> None:
+        """Baby steps of one ciphertext sharing its decomposition (each with a key of its own, else a chain)."""
+        add(OpSite("transform", n, primes, primes))
+        for s in steps:
+            ks = chain.switches(s)
+            counters["rotations"] += 1
+            counters["key_switches"] += ks
+            add(OpSite("hoisted_rotation", n, primes, primes), 1 if ks == 1 else 0)
+            add(OpSite("rotation", n, primes, primes), ks if ks != 1 else 0)
+            add(OpSite("add", n, primes))
 
     def rotate(steps: list[int], primes: int) -> None:
         for s in steps:
@@ -60,11 +73,16 @@ def _single(program) -> tuple[Tally, dict, int]:
                 if pre and (term.input, pre, target) not in cached:  # its window sum, made once per level
                     cached.add((term.input, pre, target))
                     babies += list(pre)
+                shared = []  # this input's new baby steps: hoisted (one decomposition) when two or more
                 for a in np.unique(ks % baby):
                     key = (term.input, int(a), target, pre)
                     if a and key not in cached:
                         cached.add(key)
-                        babies.append(int(a))
+                        shared.append(int(a))
+                if hoisted and len(shared) > 1:
+                    hoist(shared, p)
+                else:
+                    babies += shared
             ks_all = np.concatenate([arrays[t.diagonals.ks] for t in attrs.terms])
             giants = [int(g) for g in np.unique((ks_all // baby) * baby)]
             doublings = [period << i for i in range(int(math.log2(attrs.reduction_space(slots) // period)))]

@@ -201,3 +201,24 @@ def test_baby_rotations_share_a_decomposition_per_base():
     assert all(np.array_equal(out[key], np.roll(work.value, -key[1])) for key, work in many.items())
     wrapped = ex.InterleavedOps(Ops(), 2)
     assert np.array_equal(wrapped.rotate_decomposed(("parts", np.arange(8.0)), 1), np.roll(np.arange(8.0), -2))
+
+
+@needs_kernel
+def test_the_cost_model_prices_hoisted_baby_steps(monkeypatch):
+    """Where hoisting is on, the SEAL tally prices a ciphertext's shared baby steps as a decomposition and
+    hoisted rotations, and the probes time both; the rotation count stays the executor's."""
+    from polyfhe.cost.workload import program_workload
+    from polyfhe.engines.seal import probes, tally
+
+    torch.manual_seed(0)
+    x = np.random.default_rng(0).random((8, 1, 8, 8))
+    program = polyfhe.export(_Mixer().eval(), target="ckks", calibration=x, input_shape=(1, 8, 8))
+    work = program_workload(program)
+    ops = {site.op for site in work.tally}
+    assert {"transform", "hoisted_rotation"} <= ops
+    monkeypatch.setattr(tally, "hoisting_available", lambda: False)
+    flat = program_workload(program)
+    assert not {"transform", "hoisted_rotation"} & {site.op for site in flat.tally}
+    assert flat.counters["rotations"] == work.counters["rotations"]
+    timed, _ = probes.seal_probes(chains=((4096, (40, 30, 30, 40)),), repeats=1)
+    assert {"transform", "hoisted_rotation"} <= {site.op for p in timed for site in p.tally}
