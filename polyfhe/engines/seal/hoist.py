@@ -32,7 +32,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyfhe.engines.seal.errors import refused
-from polyfhe.engines.seal.native import CT_DATA_OFFSET, DYNARRAY_DATA, DYNARRAY_SIZE, cpp_address
+from polyfhe.engines.seal.native import (
+    CT_DATA_OFFSET,
+    DYNARRAY_DATA,
+    DYNARRAY_SIZE,
+    _data,
+    _moduli,
+    cpp_address,
+)
 
 __all__ = ["HOIST_ENV", "Decomposition", "Hoister", "hoister_for", "hoisting_available", "seal_ntt_tables"]
 
@@ -136,9 +143,7 @@ class Hoister:
         self.n = n = seal.params.poly_modulus_degree
         self.k = len(moduli)
         self._key_parms = tuple(key_data.parms_id())
-        self._moduli = np.array(moduli, dtype=np.uint64)
-        self._ratios = np.array([w for q in moduli for w in (((1 << 128) // q) & (2**64 - 1), (1 << 128) // q >> 64)],
-                                dtype=np.uint64)
+        _, self._moduli, self._ratios = _moduli(key_data.parms().coeff_modulus())  # as the dot kernel takes them
         tables = [_tables_cached(n, q) for q in moduli]
         self._roots = np.ascontiguousarray(np.stack([t[0] for t in tables]))
         self._iroots = np.ascontiguousarray(np.stack([t[1] for t in tables]))
@@ -160,7 +165,7 @@ class Hoister:
 
     # -- tables --------------------------------------------------------------------------------------------
     def _args(self) -> tuple:
-        return (self._moduli.ctypes.data, self._ratios.ctypes.data, self._roots.ctypes.data,
+        return (self._moduli, self._ratios, self._roots.ctypes.data,
                 self._iroots.ctypes.data, self._inv_n.ctypes.data)
 
     def _element(self, step: int) -> int:
@@ -210,11 +215,8 @@ class Hoister:
 
     # -- operations ----------------------------------------------------------------------------------------
     def _residues(self, ct, count: int) -> np.ndarray | None:
-        base = cpp_address(ct) + CT_DATA_OFFSET
-        if ctypes.c_size_t.from_address(base + DYNARRAY_SIZE).value != count:
-            return None
-        address = ctypes.c_void_p.from_address(base + DYNARRAY_DATA).value
-        return np.ctypeslib.as_array((ctypes.c_uint64 * count).from_address(address))
+        address = _data(ct, CT_DATA_OFFSET, count)
+        return None if address is None else np.ctypeslib.as_array((ctypes.c_uint64 * count).from_address(address))
 
     def decompose(self, ct, permute_step: int | None = None) -> Decomposition | None:
         """``ct``'s second polynomial decomposed (``permute_step``: that step's automorphism applied first, as
