@@ -210,10 +210,20 @@ def _rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def _cap_address_space() -> None:
+    """``--compile-memory-cap``: this process's address space, so an outgrowing compile raises MemoryError."""
+    cap = os.environ.get("POLYFHE_BENCH_COMPILE_CAP_GB")
+    if cap:
+        limit = int(float(cap) * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def stage_compile(folder: Path, out: Path, backend: str = "seal") -> dict:
     import torch
 
     import polyfhe
+
+    _cap_address_space()
 
     model = torch.load(folder / "model.pt", weights_only=False)
     data = np.load(folder / "data.npz")
@@ -632,6 +642,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--insecure-ring", type=int, metavar="LOGN",
                         help="compile on an INSECURE N=2^LOGN chain that bootstraps on its own ring (deep models "
                              "whose 128-bit bootstrapping keys do not fit this machine); both trees alike")
+    parser.add_argument("--compile-memory-cap", type=float, metavar="GB",
+                        help="cap each tree's compile process at GB of address space (RLIMIT_AS): a compile that "
+                             "would outgrow the machine fails with MemoryError and is reported, instead of being "
+                             "killed by the kernel with everything else running")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--warm", action="store_true",
                         help="servers encode the program's plaintexts before the first query (polyfhe serve --warm); "
@@ -650,6 +664,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["POLYFHE_BENCH_PLAINTEXT_GB"] = str(args.plaintext_cache_gb)  # read by compile and server stages
     if args.insecure_ring:
         os.environ["POLYFHE_BENCH_INSECURE_RING"] = str(args.insecure_ring)  # read by the compile stages
+    if args.compile_memory_cap:
+        os.environ["POLYFHE_BENCH_COMPILE_CAP_GB"] = str(args.compile_memory_cap)  # read by the compile stages
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.stage:
         kind, *rest = args.stage

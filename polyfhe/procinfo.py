@@ -4,7 +4,7 @@ processes and the Concrete workers. ``None`` where the file or the field does no
 
 from __future__ import annotations
 
-__all__ = ["available_memory", "proc_bytes"]
+__all__ = ["available_memory", "peak_resident_bytes", "proc_bytes", "resident_bytes"]
 
 
 def proc_bytes(path: str, field: str) -> int | None:
@@ -23,3 +23,13 @@ def proc_bytes(path: str, field: str) -> int | None:
 def available_memory() -> int | None:
     """Bytes the kernel says new allocations can still take without swapping (``MemAvailable``)."""
     return proc_bytes("/proc/meminfo", "MemAvailable")
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory now (``VmRSS``)."""
+    return proc_bytes("/proc/self/status", "VmRSS")
+
+
+def peak_resident_bytes() -> int | None:
+    """The most resident memory this process has had (``VmHWM``)."""
+    return proc_bytes("/proc/self/status", "VmHWM")

@@ -48,6 +48,7 @@ def export_ckks(
     bootstrap: str = "auto",
     bootstrap_memory: int | None = None,
     replicate_input: bool = True,
+    compile_memory: int | None = None,
 ) -> CKKSProgram:
     """Compile ``model`` (module or ONNX) into a CKKS program for ``layout`` ("single" or "batch").
 
@@ -71,11 +72,14 @@ def export_ckks(
     ``replicate_input`` (single layout): let the client pack each token's input window im2col-style (pixels
     written to several slots) when that cuts the diagonals of the maps reading the input (``replicate.py``:
     overlapping strided stems); ``False`` packs every input value once.
+    ``compile_memory``: bytes the lowering's affine terms may hold (None: half of this machine's memory); an
+    export that would pass it stops with an error naming the node, before the memory is taken.
     """
     options = CompileOptions(
         calibration=calibration, layout=layout, input_shape=input_shape, params=params,
         poly_modulus_degree=poly_modulus_degree, scale_bits=scale_bits, allow_insecure=allow_insecure,
         batch_memory_budget=batch_memory_budget, galois_key_budget=galois_key_budget,
         samples_per_ciphertext=samples_per_ciphertext, backend=backend, spend_levels=spend_levels,
-        bootstrap=bootstrap, bootstrap_memory=bootstrap_memory, replicate_input=replicate_input)
+        bootstrap=bootstrap, bootstrap_memory=bootstrap_memory, replicate_input=replicate_input,
+        compile_memory=compile_memory)
     return compile_model(model, options)

@@ -50,17 +50,23 @@ class AffineExpr:
     def const_or_zero(self) -> np.ndarray:
         return np.zeros(self.shape) if self.const is None else self.const
 
-    def map(self, fn: Callable[[np.ndarray, bool], np.ndarray], op: sp.csr_matrix | None = None) -> AffineExpr:
+    def map(self, fn: Callable[[np.ndarray, bool], np.ndarray], op: sp.csr_matrix | None = None,
+            check: ComposeCheck | None = None) -> AffineExpr:
         """Apply a linear op: ``fn(stacked, with_bias)``; terms get the op without bias, the constant with it.
 
         The op's matrix is built once (``fn`` on the basis of this shape, in chunks) and every term, sparse,
         is multiplied by it: far cheaper than applying ``fn`` to every term's stacked basis images.
+        ``check(term, op)``, when given, runs before each product (the compile memory budget, ``memory.py``).
         """
         const = fn(self.const_or_zero()[None], True)[0]
         if op is None and (self.terms or self.alternatives):
             op = operator_matrix(fn, self.shape)
-        terms = {reg: (arr @ op).tocsr() for reg, arr in self.terms.items()}
-        return AffineExpr(tuple(const.shape), terms, const, [alt.map(fn, op) for alt in self.alternatives])
+        terms = {}
+        for reg, arr in self.terms.items():
+            if check is not None:
+                check(arr, op)
+            terms[reg] = (arr @ op).tocsr()
+        return AffineExpr(tuple(const.shape), terms, const, [alt.map(fn, op, check) for alt in self.alternatives])
 
     def forms(self) -> list[AffineExpr]:
         """Every way to compute this tensor: the merged form first, then the alternatives."""
@@ -70,6 +76,7 @@ class AffineExpr:
         return self.map(lambda x, _bias: x * factor)
 
 
+ComposeCheck = Callable[[sp.csr_matrix, sp.csr_matrix], None]  # raises before a term is composed with an op
 OPERATOR_CHUNK = 512  # basis vectors per application of an op while building its matrix
 
 
@@ -433,8 +440,8 @@ def _weights_matrix(node: onnx.NodeProto, consts: list, attrs: dict, expr: Affin
 
 
 def apply_linear(node: onnx.NodeProto, expr: AffineExpr, consts: list[np.ndarray | None],
-                 out_shape: tuple[int, ...]) -> AffineExpr:
-    """Apply the linear ONNX op ``node`` to the encrypted operand ``expr``."""
+                 out_shape: tuple[int, ...], check: ComposeCheck | None = None) -> AffineExpr:
+    """Apply the linear ONNX op ``node`` to the encrypted operand ``expr`` (``check``: see ``AffineExpr.map``)."""
     handler = LINEAR_OPS.get(node.op_type)
     if handler is None:
         raise LoweringError(f"node {node.name or '?'} ({node.op_type}) has no CKKS lowering; "
@@ -443,7 +450,7 @@ def apply_linear(node: onnx.NodeProto, expr: AffineExpr, consts: list[np.ndarray
     consts = [None if c is None else np.asarray(c, dtype=np.float64) if np.asarray(c).dtype.kind == "f"
               else np.asarray(c) for c in consts]
     op = _weights_matrix(node, consts, attrs, expr, out_shape)
-    result = expr.map(lambda arr, bias: handler(node, arr, consts, attrs, bias, out_shape), op)
+    result = expr.map(lambda arr, bias: handler(node, arr, consts, attrs, bias, out_shape), op, check)
     if result.shape != tuple(out_shape):
         raise LoweringError(f"{node.name} ({node.op_type}): lowered shape {result.shape} != inferred {out_shape}")
     return result

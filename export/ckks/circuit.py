@@ -74,6 +74,7 @@ class Circuit:
     input_slots: np.ndarray | None = None
     # the single layout's ct x ct MatMuls: per MatMul, the algorithm chosen and the candidates' costs
     matmuls: list[dict] = field(default_factory=list)
+    lowering_peak_bytes: int = 0  # the most bytes of affine terms the lowering held at once (``memory.py``)
 
     @property
     def input_size(self) -> int:

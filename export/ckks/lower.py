@@ -14,7 +14,9 @@ the lowest level by the cost model of ``cost.py``.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
+from functools import partial
 
 import numpy as np
 import onnx
@@ -33,6 +35,7 @@ from polyfhe.exporters.ckks.affine import (
 from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
 from polyfhe.exporters.ckks.cost import map_cost, term_diagonals
 from polyfhe.exporters.ckks.layout import UNBOUNDED_SLOTS, input_packing
+from polyfhe.exporters.ckks.memory import TermBudget, term_bytes
 from polyfhe.exporters.ckks.probe import fix_batch_axis, probe_values
 from polyfhe.exporters.ckks.sites import factoring_sites, shift_sites
 
@@ -43,12 +46,22 @@ log = logging.getLogger(__name__)
 # Outputs of weighted ops may be read by later maps as a register of their own (a checkpoint): a low-rank
 # pair or a patch embedding stays factored when merging it into its consumers would cost more.
 CHECKPOINT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+# A merged form is dropped (and never composed further) once it holds more than MERGE_KEEP_BYTES of terms and
+# another form at its level costs under 1 / MERGE_SLACK of it. Both margins because a merged form can get cheap
+# again: a later map that narrows it (a head after the global mean) or a ct x ct MatMul that composes its gathers
+# into it. Measured (docs/benchmarks.md): the user attention model's plan is unchanged, monet_fhe_bn's has 0.3%
+# fewer diagonals and a 2-block user MONet's 1.3% more; an 8-block user MONet lowers in 0.9 GB of terms
+# where the lowering without drops passed 12 GB and was still composing.
+MERGE_SLACK = 1.5
+MERGE_KEEP_BYTES = 16 << 20
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 
 
 class _Lowering:
-    def __init__(self, model: onnx.ModelProto, factored: frozenset[str] = frozenset()) -> None:
+    def __init__(self, model: onnx.ModelProto, factored: frozenset[str] = frozenset(),
+                 memory_limit: int | None = None) -> None:
         model = fix_batch_axis(model)
+        self.budget = TermBudget(memory_limit)
         self.factored = factored  # names of spatial convolutions computed as registers of their own
         self.model = model
         self.folder = ConstantFolder(model)
@@ -89,6 +102,7 @@ class _Lowering:
         order = topological_order(self.model.graph)
         out_name = self.model.graph.output[0].name
         last_use = {name: pos for pos, (_, node) in enumerate(order) for name in node.input}
+        start, reported = time.perf_counter(), 0
         for pos, (index, node) in enumerate(order):
             if not node.name:
                 node.name = f"{node.op_type}_{index}"
@@ -96,12 +110,24 @@ class _Lowering:
             for name in node.input:  # drop expressions nobody reads any more: they hold large term arrays
                 if last_use.get(name) == pos and name != out_name:
                     self.env.pop(name, None)
+            self.budget.observe(self._held_terms())
+            if 10 * (pos + 1) // len(order) > reported:  # every tenth of the graph
+                reported = 10 * (pos + 1) // len(order)
+                log.info("lowering: %d of %d nodes, %.1f s, %.2f GB of terms held (peak %.2f GB)", pos + 1,
+                         len(order), time.perf_counter() - start, self.budget.live / 1e9, self.budget.peak / 1e9)
         if out_name not in self.env:
             raise LoweringError(f"graph output {out_name!r} does not depend on the encrypted input")
         expr = self.env[out_name]
         self.circuit.output = self._materialise(expr, f"output {out_name}", force=False)
         self.circuit.output_shape = expr.shape
+        self.circuit.lowering_peak_bytes = self.budget.peak
         return self.circuit
+
+    def _held_terms(self):
+        """Every term array the lowering still holds: live tensors' forms and the checkpoints' forms."""
+        for expr in (*self.env.values(), *self._shadows.values()):
+            for form in expr.forms():
+                yield from form.terms.values()
 
     def _lower(self, node: onnx.NodeProto) -> None:
         enc = [name in self.env for name in node.input]
@@ -138,10 +164,12 @@ class _Lowering:
             if any(c is None and n and not e for c, n, e in zip(consts, node.input, enc)):
                 raise LoweringError(f"node {node.name} ({op}): an operand is neither encrypted nor a known constant")
             src = self.env[node.input[enc.index(True)]]
-            result = apply_linear(node, src, consts, out_shape)
+            result = apply_linear(node, src, consts, out_shape,
+                                  partial(self.budget.check_compose, where=f"node {node.name} ({op})"))
             if node.name in self.factored:  # spend a level: consumers read this register, not the merged map
                 result = self._identity(self._materialise(result, f"{node.name} (factored)"), out_shape)
             elif op in CHECKPOINT_OPS:
+                result = self._drop_dominated_merge(result)
                 self._checkpoint(result)
                 result = self._prune(result)
             self.env[node.output[0]] = result
@@ -208,6 +236,7 @@ class _Lowering:
         result = self._sum(out_shape, list(zip(signs, operands, strict=True)))
         for combo in self._per_level(operands):
             result.alternatives.append(self._sum(out_shape, list(zip(signs, combo, strict=True))))
+        result = self._drop_dominated_merge(result)
         if sum(1 for e in operands if e.terms) > 1:
             self._checkpoint(result)
         return self._prune(result)
@@ -269,6 +298,30 @@ class _Lowering:
             return forms[0] if forms else None
         # ties (e.g. a checkpoint and a register holding the same tensor) go to what exists already
         return min(forms, key=lambda f: (self._form_cost(f, pending), self._pending(f)))
+
+    def _drop_dominated_merge(self, expr: AffineExpr) -> AffineExpr:
+        """``expr`` without its merged form when another form at its level is ``MERGE_SLACK`` times cheaper
+        (pending checkpoints counted, as :meth:`_cheapest` counts them): the planner would not pick the merged
+        map here, and composing it further along a residual stream is what makes deep networks' terms dense
+        (every earlier block's register mapped through every later block). The cheaper form becomes the
+        expression.
+        """
+        if not expr.alternatives or not expr.terms:
+            return expr
+        held = sum(term_bytes(arr) for arr in expr.terms.values())
+        if held <= MERGE_KEEP_BYTES:
+            return expr
+        level, own = self._form_level(expr), self._form_cost(expr)
+        rivals = [f for f in expr.alternatives if f.terms and self._form_level(f) <= level]
+        if not rivals:
+            return expr
+        best = min(rivals, key=lambda f: (self._form_cost(f), self._pending(f)))
+        if MERGE_SLACK * self._form_cost(best) >= own:
+            return expr
+        rest = [f for f in expr.alternatives if f is not best]
+        log.debug("merged form of a %s tensor dropped at level %d: cost %.0f against %.0f (registers %s), %.1f MB",
+                  expr.shape, level, own, self._form_cost(best), sorted(best.terms), held / 1e6)
+        return AffineExpr(expr.shape, dict(best.terms), best.const_or_zero(), rest)
 
     def _prune(self, expr: AffineExpr) -> AffineExpr:
         """Keep the alternatives on the (level, own cost) Pareto front; the merged form always stays.
@@ -457,13 +510,17 @@ def _identity_register(form: AffineExpr, size: int, sizes: dict[int, int]) -> in
     return None
 
 
-def lower_onnx(model: onnx.ModelProto, factored: frozenset[str] = frozenset()) -> Circuit:
+def lower_onnx(model: onnx.ModelProto, factored: frozenset[str] = frozenset(),
+               memory_limit: int | None = None) -> Circuit:
     """Lower a polynomial ONNX model (one input, one output, static shapes) to a :class:`Circuit`.
 
     ``factored``: names of convolutions (see :func:`factoring_sites`) computed as registers of their own.
+    ``memory_limit``: bytes of affine terms the lowering may hold (None: unbounded); past it,
+    :class:`~polyfhe.exporters.ckks.memory.CompileMemoryError` names the node before the memory is taken.
     """
-    circuit = _Lowering(model, frozenset(factored)).run()
-    log.info("lowered %d nodes: %d linear maps, %d products, depth %d, largest register %d",
+    circuit = _Lowering(model, frozenset(factored), memory_limit).run()
+    log.info("lowered %d nodes: %d linear maps, %d products, depth %d, largest register %d, peak %.2f GB of terms",
              len(model.graph.node), sum(isinstance(n, LinearNode) for n in circuit.nodes),
-             sum(not isinstance(n, LinearNode) for n in circuit.nodes), circuit.depth, circuit.max_size())
+             sum(not isinstance(n, LinearNode) for n in circuit.nodes), circuit.depth, circuit.max_size(),
+             circuit.lowering_peak_bytes / 1e9)
     return circuit

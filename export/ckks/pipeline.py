@@ -37,6 +37,7 @@ from polyfhe.exporters.ckks.state import (
     CompileState,
     SpendForMemory,
 )
+from polyfhe.procinfo import peak_resident_bytes, resident_bytes
 
 __all__ = ["FRONT", "MAX_TRIES", "PASSES", "compile_model", "run_passes"]
 
@@ -63,13 +64,15 @@ MAX_TRIES = 4
 
 
 def run_passes(state: CompileState, passes: tuple[Pass, ...]) -> None:
-    """Run ``passes`` in order on ``state``, logging each one's name and seconds."""
+    """Run ``passes`` in order on ``state``, logging each one's name, seconds and the process's memory."""
     for step in passes:
         start = time.perf_counter()
         step.run(state)
         seconds = time.perf_counter() - start
         state.seconds[step.name] = state.seconds.get(step.name, 0.0) + seconds
-        log.debug("pass %s: %.3f s", step.name, seconds)
+        now, peak = resident_bytes(), peak_resident_bytes()
+        log.info("pass %s: %.1f s, resident %s, peak %s", step.name, seconds,
+                 "?" if now is None else f"{now / 1e9:.2f} GB", "?" if peak is None else f"{peak / 1e9:.2f} GB")
 
 
 def compile_model(model: Any, options: CompileOptions) -> Any:

@@ -48,16 +48,17 @@ class LevelSpend:
                 "factored": list(self.factored), "estimated_cost": self.estimated_cost}
 
 
-def spend_levels(proto: onnx.ModelProto, merged: Circuit, budget: int) -> LevelSpend:
+def spend_levels(proto: onnx.ModelProto, merged: Circuit, budget: int, memory_limit: int | None = None) -> LevelSpend:
     """The merged circuit, or the one with its depthwise convolutions factored out when that is cheaper.
 
-    ``budget``: the most levels the program may use (the ring's, at the smallest scale allowed).
+    ``budget``: the most levels the program may use (the ring's, at the smallest scale allowed);
+    ``memory_limit``: the lowering's term bytes (see :func:`lower_onnx`).
     """
     keep = LevelSpend(merged, merged.depth, budget)
     sites = factoring_sites(proto)
     if not sites or budget <= merged.depth:
         return keep
-    factored = lower_onnx(proto, frozenset(sites))
+    factored = lower_onnx(proto, frozenset(sites), memory_limit)
     if merged.input_gather is not None:  # the input packed as the merged circuit's is
         factored = replicate_input(factored)
     if factored.depth > budget:

@@ -86,6 +86,7 @@ class CompileOptions:
     bootstrap: str = "auto"
     bootstrap_memory: int | None = None
     replicate_input: bool = True
+    compile_memory: int | None = None  # bytes of affine terms the lowering may hold (None: memory.py's default)
     engine: Backend = field(init=False, repr=False, compare=False)  # the record of ``backend``
 
     def __post_init__(self) -> None:
@@ -95,8 +96,17 @@ class CompileOptions:
         object.__setattr__(self, "engine", engine)
         if self.layout not in engine.layouts:
             raise CKKSExportError(f"backend {self.backend!r} runs layouts {list(engine.layouts)}, not {self.layout!r}")
+        if self.compile_memory is not None and self.compile_memory <= 0:
+            raise CKKSExportError(f"compile_memory must be a positive number of bytes, got {self.compile_memory}")
         if self.bootstrap not in BOOTSTRAP_MODES:
             raise CKKSExportError(f"unknown bootstrap mode {self.bootstrap!r}; accepted: {list(BOOTSTRAP_MODES)}")
+
+    @property
+    def term_memory(self) -> int | None:
+        """Bytes the lowering's terms may take: ``compile_memory``, else half of this machine's memory."""
+        from polyfhe.exporters.ckks.memory import default_compile_memory
+
+        return self.compile_memory if self.compile_memory is not None else default_compile_memory()
 
     @property
     def model_input_shape(self) -> tuple[int, ...] | None:

@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from polyfhe.commands.arguments import add_threads_argument, apply_threads, positive_int, power_of_two
+from polyfhe.commands.arguments import (
+    add_threads_argument,
+    apply_threads,
+    positive_float,
+    positive_int,
+    power_of_two,
+)
 from polyfhe.commands.ckks_options import add_ckks_parameter_arguments, ckks_parameter_options
 from polyfhe.commands.errors import ExportInputError
 
@@ -65,6 +71,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--bootstrap-memory", type=float, metavar="GB",
                    help="bootstrapping: memory the key generation may peak at (default: 75%% of this machine's "
                         "RAM); residual chains whose bootstrapping keys would not fit are passed over")
+    p.add_argument("--compile-memory", type=positive_float, metavar="GB",
+                   help="ckks: memory the compiler's lowering may hold (default: half of this machine's RAM); an "
+                        "export that would need more stops with an error naming the node")
     p.add_argument("--samples-per-ciphertext", type=power_of_two, metavar="K",
                    help="single layout: interleave K samples per ciphertext (a power of two; default: as many "
                         "as fit beside the widest tensor)")
@@ -283,6 +292,7 @@ def _export_ckks(console: Any, model: Any, name: str, shape: tuple[int, ...] | N
                           samples_per_ciphertext=args.samples_per_ciphertext, backend=args.backend,
                           spend_levels=args.spend_levels, replicate_input=args.replicate_input, bootstrap=args.bootstrap,
                           bootstrap_memory=None if args.bootstrap_memory is None else int(args.bootstrap_memory * 1e9),
+                          compile_memory=None if args.compile_memory is None else int(args.compile_memory * 1e9),
                           **kwargs)
     program.save(args.out)
     console.print(summary_table(program, args.out, name))

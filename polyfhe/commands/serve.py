@@ -21,6 +21,7 @@ from polyfhe.commands.arguments import (
     apply_threads,
     non_negative_float,
     non_negative_int,
+    positive_float,
     positive_int,
 )
 from polyfhe.runtime.plaintexts import DEFAULT_PLAINTEXT_BYTES
@@ -32,16 +33,6 @@ log = logging.getLogger(__name__)
 EXIT_BAD_INPUT = 2
 MIB = 1 << 20
 KEEP_ALIVE_S = 30  # idle connections; clients (ServeClient) drop theirs after 4 s, well before
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
 
 
 def add_parser(subparsers: Any) -> None:

@@ -18,7 +18,7 @@ def run(state: CompileState) -> None:
     factored = frozenset(state.memory_spend["factored"]) if state.memory_spend else frozenset()
     if state.lowered is None or state.lowered[0] != factored:
         try:
-            state.lowered = (factored, lower_onnx(state.proto, factored))
+            state.lowered = (factored, lower_onnx(state.proto, factored, state.options.term_memory))
         except LoweringError as exc:
             raise CKKSExportError(f"{state.name}: {exc}") from exc
     state.circuit = state.lowered[1]

@@ -47,7 +47,7 @@ def run(state: CompileState) -> None:
         return
     ring, budget = chosen
     state.ring = ring
-    decision = spend_levels(state.proto, circuit, budget)
+    decision = spend_levels(state.proto, circuit, budget, options.term_memory)
     if not decision.factored:
         state.spend_info = decision.to_info()
         return

@@ -163,8 +163,28 @@ class Tag:
     scale: Fraction
 
 
+SCALE_BITS_KEPT = 256  # Lattigo's scales are 128-bit floats; ours keep twice that, rounded after each op
+
+
+def _rounded(value: Fraction) -> Fraction:
+    """``value`` to ``SCALE_BITS_KEPT`` significant bits. Exact fractions of a deep program's scales are
+    products of every prime they were rescaled by: thousands of digits, whose reductions took minutes."""
+    shift = SCALE_BITS_KEPT - (value.numerator.bit_length() - value.denominator.bit_length())
+    if shift <= 0:
+        return Fraction(value.numerator // (value.denominator << -shift) << -shift)
+    return Fraction((value.numerator << shift) // value.denominator, 1 << shift)
+
+
+def _floor_ratio(big: Fraction, small: Fraction) -> int:
+    """floor(big / small), where a ratio within rounding of the next integer counts as that integer."""
+    ratio = big / small
+    whole = math.floor(ratio)
+    return whole + 1 if (whole + 1 - ratio) * (1 << (SCALE_BITS_KEPT - 16)) < whole + 1 else whole
+
+
 class LattigoScales:
-    """Lattigo's scale bookkeeping for the evaluator's nodes, on the ciphertext primes Q[0..L] (exact rationals)."""
+    """Lattigo's scale bookkeeping for the evaluator's nodes, on the ciphertext primes Q[0..L] (rationals of
+    ``SCALE_BITS_KEPT`` bits)."""
 
     def __init__(self, moduli: Sequence[int], scale_bits: int) -> None:
         self.moduli = [int(q) for q in moduli]
@@ -176,17 +196,17 @@ class LattigoScales:
     def linear(self, tag: Tag, level: int) -> Tag:
         """Diagonals encoded at scale Q[level], the product rescaled once by the prime at the level it ran at."""
         at = min(level, tag.level)
-        return Tag(at - 1, tag.scale * self.moduli[level] / self.moduli[at])
+        return Tag(at - 1, _rounded(tag.scale * self.moduli[level] / self.moduli[at]))
 
     def product(self, a: Tag, b: Tag) -> Tag:
         at = min(a.level, b.level)
-        return Tag(at - 1, a.scale * b.scale / self.moduli[at])
+        return Tag(at - 1, _rounded(a.scale * b.scale / self.moduli[at]))
 
     @staticmethod
     def add(a: Tag, b: Tag) -> tuple[Tag, float, float]:
         """(result, factor on a's value, factor on b's value): the smaller scale is multiplied by floor(ratio)."""
         big, small = max(a.scale, b.scale), min(a.scale, b.scale)
-        weak = float(math.floor(big / small) * small / big)
+        weak = float(_floor_ratio(big, small) * small / big)
         fa, fb = (1.0, weak) if a.scale >= b.scale else (weak, 1.0)
         return Tag(min(a.level, b.level), big), fa, fb
 
