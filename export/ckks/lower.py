@@ -347,6 +347,7 @@ class _Lowering:
             if reg < 0:
                 if reg not in self._shadow_regs:
                     self._shadow_regs[reg] = self._materialise(self._shadows[reg], f"checkpoint {-reg}")
+                    self._release(reg)
                 if reg in self._shadow_offsets:  # shadow = (register - c) / d
                     inverse, offset = self._shadow_offsets[reg]
                     const = const + (arr.T @ offset).reshape(expr.shape)
@@ -446,8 +447,13 @@ class _Lowering:
             if np.any(scale == 0) or arr.count_nonzero() != expr.size:
                 continue
             self._shadow_regs[shadow] = reg
+            self._release(shadow)
             self._shadow_offsets[shadow] = (sp.diags(1.0 / scale, format="csr"),
                                             -form.const_or_zero().reshape(-1) / scale)
+
+    def _release(self, shadow: int) -> None:
+        """Forget the forms of a checkpoint that is a register now: only its shape is read from here on."""
+        self._shadows[shadow] = AffineExpr(self._shadows[shadow].shape)
 
     def _register_expr(self, reg: int, shape: tuple[int, ...]) -> AffineExpr:
         return self._identity(reg, shape)
