@@ -50,7 +50,7 @@ CHECKPOINT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 # another form at its level costs under 1 / MERGE_SLACK of it. Both margins because a merged form can get cheap
 # again: a later map that narrows it (a head after the global mean) or a ct x ct MatMul that composes its gathers
 # into it. Measured (docs/benchmarks.md): the user attention model's plan is unchanged, monet_fhe_bn's has 0.3%
-# fewer diagonals and a 2-block user MONet's 1.3% more; an 8-block user MONet lowers in 0.9 GB of terms
+# fewer diagonals and a 2-block user MONet's 1.3% more; an 8-block user MONet lowers in 0.5 GB of terms
 # where the lowering without drops passed 12 GB and was still composing.
 MERGE_SLACK = 1.5
 MERGE_KEEP_BYTES = 16 << 20
@@ -300,11 +300,11 @@ class _Lowering:
         return min(forms, key=lambda f: (self._form_cost(f, pending), self._pending(f)))
 
     def _drop_dominated_merge(self, expr: AffineExpr) -> AffineExpr:
-        """``expr`` without its merged form when another form at its level is ``MERGE_SLACK`` times cheaper
-        (pending checkpoints counted, as :meth:`_cheapest` counts them): the planner would not pick the merged
-        map here, and composing it further along a residual stream is what makes deep networks' terms dense
-        (every earlier block's register mapped through every later block). The cheaper form becomes the
-        expression.
+        """``expr`` without its merged form when that holds over ``MERGE_KEEP_BYTES`` and another form at its
+        level is ``MERGE_SLACK`` times cheaper (pending checkpoints counted, as :meth:`_cheapest` counts them):
+        the planner would not pick the merged map here, and composing it further along a residual stream is
+        what makes deep networks' terms dense (every earlier block's register mapped through every later
+        block). The cheaper form becomes the expression.
         """
         if not expr.alternatives or not expr.terms:
             return expr
