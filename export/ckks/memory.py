@@ -39,6 +39,10 @@ class CompileMemoryError(LoweringError):
     """Lowering the graph would hold more term bytes than the compile memory budget allows."""
 
 
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
 def default_compile_memory() -> int | None:
     """``COMPILE_MEMORY_FRACTION`` of this machine's physical memory (None where the system does not say)."""
     try:
@@ -94,8 +98,8 @@ class TermBudget:
         if self.live + needed > self.limit:
             raise CompileMemoryError(
                 f"{where}: composing a {left.shape[0]} x {right.shape[1]} term would take up to "
-                f"{needed / 1e9:.2f} GB on top of the {self.live / 1e9:.2f} GB the lowering holds, over the "
-                f"compile memory budget of {self.limit / 1e9:.2f} GB; raise it with compile_memory= "
+                f"{_size(needed)} on top of the {_size(self.live)} the lowering holds, over the "
+                f"compile memory budget of {_size(self.limit)}; raise it with compile_memory= "
                 f"(polyfhe export --compile-memory GB) on a machine with more memory, or use a narrower or "
                 f"shallower model")
         self.live += needed // COMPOSE_OVERHEAD  # until the node's end, when observe() counts what is held

@@ -59,7 +59,7 @@ def test_budget_refuses_before_composing():
     budget = TermBudget(limit=10_000)
     dense = sp.csr_matrix(np.ones((50, 50)))
     with pytest.raises(CompileMemoryError, match=r"node X \(Conv\): composing a 50 x 50 term .* compile memory "
-                                                 r"budget of 0\.00 GB; raise it with compile_memory="):
+                                                 r"budget of 0\.0 MB; raise it with compile_memory="):
         budget.check_compose(dense, dense, "node X (Conv)")
     TermBudget(limit=None).check_compose(dense, dense, "unbounded")  # no limit: never refuses
 
@@ -92,7 +92,7 @@ def test_deep_user_monet_compiles_in_memory_proportional_to_its_program(fashion,
 def test_export_over_the_compile_memory_budget_names_the_node(fashion):
     model = _user_monet(blocks=2, dim=8, x=fashion)
     with pytest.raises(CKKSExportError, match=r"node .*: composing a \d+ x \d+ term would take up to .* over the "
-                                              r"compile memory budget of 0\.00 GB"):
+                                              r"compile memory budget of 0\.1 MB"):
         export_ckks(model, calibration=fashion, input_shape=(1, 28, 28), compile_memory=100_000)
     with pytest.raises(CKKSExportError, match="compile_memory must be a positive number of bytes"):
         export_ckks(model, calibration=fashion, input_shape=(1, 28, 28), compile_memory=0)
