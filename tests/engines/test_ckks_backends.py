@@ -172,6 +172,26 @@ def test_adds_of_unequal_scales_are_corrected_as_lattigo_applies_them():
     assert scales.linear(out, 1) == Tag(0, Fraction(2**30))  # a transform keeps its input's scale
 
 
+def test_scales_of_a_deep_program_stay_small_and_equal_scales_add_unweighted():
+    """Scales are rounded to 256 bits after each step (exact fractions of 33 levels took over a minute to reduce);
+    a ratio within rounding of an integer floors to that integer, so scales that differ by rounding add unweighted."""
+    from fractions import Fraction
+
+    from polyfhe.engines.lattigo.format import SCALE_BITS_KEPT, LattigoScales, Tag, _floor_ratio
+
+    primes = [(1 << 40) - 87, (1 << 40) - 167, (1 << 40) - 195, (1 << 40) - 203]
+    scales = LattigoScales([1 << 60, *primes * 10], 40)
+    tag = scales.input(40)
+    for level in range(40, 1, -1):  # a product and a transform per level
+        tag = scales.linear(scales.product(tag, scales.input(level)), level - 1)
+        assert tag.scale.numerator.bit_length() <= SCALE_BITS_KEPT + 64
+    small = tag.scale
+    assert _floor_ratio(3 * small * (1 - Fraction(1, 1 << 250)), small) == 3  # 3 within rounding
+    assert _floor_ratio(small * Fraction(29, 10), small) == 2
+    _, fa, fb = scales.add(Tag(1, small * (1 - Fraction(1, 1 << 250))), Tag(1, small))
+    assert fa == 1.0 and fb == 1.0
+
+
 def test_seal_keys_and_ciphertexts_never_pass_through_a_file(programs, monkeypatch):
     """TenSEAL (de)serialises only through paths: polyfhe hands it an anonymous in-memory file, never a temp file."""
     import tempfile
