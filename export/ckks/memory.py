@@ -10,7 +10,6 @@ the node, the register and the bytes, instead of being killed by the kernel.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -25,7 +24,6 @@ __all__ = [
     "CompileMemoryError",
     "TermBudget",
     "composed_nnz_bound",
-    "default_compile_memory",
     "term_bytes",
 ]
 
@@ -41,14 +39,6 @@ class CompileMemoryError(LoweringError):
 
 def _size(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
-
-
-def default_compile_memory() -> int | None:
-    """``COMPILE_MEMORY_FRACTION`` of this machine's physical memory (None where the system does not say)."""
-    try:
-        return int(COMPILE_MEMORY_FRACTION * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def term_bytes(matrix: sp.spmatrix) -> int:

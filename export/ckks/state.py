@@ -15,7 +15,7 @@ import onnx
 
 from polyfhe.exporters.ckks.circuit import Circuit
 from polyfhe.exporters.ckks.plan import Plan
-from polyfhe.program.bootparams import BootstrapSpec
+from polyfhe.program.bootparams import BootstrapSpec, machine_memory_budget
 from polyfhe.program.engine_api import Backend
 from polyfhe.program.engines import DEFAULT_BACKEND, BackendUnavailable, get_backend
 from polyfhe.program.manifest import LAYOUTS
@@ -104,9 +104,11 @@ class CompileOptions:
     @property
     def term_memory(self) -> int | None:
         """Bytes the lowering's terms may take: ``compile_memory``, else half of this machine's memory."""
-        from polyfhe.exporters.ckks.memory import default_compile_memory
+        from polyfhe.exporters.ckks.memory import COMPILE_MEMORY_FRACTION
 
-        return self.compile_memory if self.compile_memory is not None else default_compile_memory()
+        if self.compile_memory is not None:
+            return self.compile_memory
+        return machine_memory_budget(COMPILE_MEMORY_FRACTION)
 
     @property
     def model_input_shape(self) -> tuple[int, ...] | None:
