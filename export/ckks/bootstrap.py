@@ -10,14 +10,16 @@ the previous one and the output at most ``budget`` levels after the last.
 Cuts are chosen by dynamic programming over the levels (a shortest path whose edges are segments): fewest
 bootstraps first, then the least work at high levels (a product on a
 ciphertext with more primes costs more). Not one per fixed number of layers: a cut goes where few registers are
-live. Pure functions on steps; the ranges that scale values into the bootstrap's input interval come from a
+live. :func:`place_sized_bootstraps` also chooses how many slots every bootstrap refreshes: the same search
+restricted to cuts whose registers fit each power-of-two width, priced by what a bootstrap of that width costs
+(a narrower one is cheaper), so a bootstrap more can win when it keeps the refreshes narrow. Pure functions on steps; the ranges that scale values into the bootstrap's input interval come from a
 calibration run of the program (``calibrated_ranges``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -26,7 +28,7 @@ from polyfhe.program.manifest import Step
 from polyfhe.program.steps import BootstrapAttrs
 
 __all__ = ["BootstrapError", "BootstrapPlan", "calibrated_ranges", "insert_bootstraps", "place_bootstraps",
-           "refresh_slots", "register_levels"]
+           "place_sized_bootstraps", "refresh_slots", "register_levels", "register_periods"]
 
 # Calibrated ranges are widened by this much before they set the scale-down into the bootstrap's [-1, 1]: inputs
 # past the calibration set's extremes still land inside the interval Lattigo's EvalMod approximates well.
@@ -63,12 +65,14 @@ def _step_work(step: Step, sizes: dict[str, int]) -> float:
 
 @dataclass(frozen=True)
 class BootstrapPlan:
-    """The cuts (levels after which live registers are bootstrapped) and what each refreshes."""
+    """The cuts (levels after which live registers are bootstrapped), what each refreshes, and the (real) slots
+    every bootstrap refreshes when the placement chose them (``None``: the widest refreshed register's)."""
 
     depth: int
     budget: int
     cuts: tuple[int, ...]
     refreshed: tuple[tuple[int, ...], ...]  # per cut: the (original) registers bootstrapped there
+    slots: int | None = None
 
     @property
     def count(self) -> int:
@@ -86,49 +90,103 @@ class BootstrapPlan:
                 "levels_per_segment": self.budget}
 
 
+class _Segments:
+    """What a segment between two cuts costs: the registers a cut refreshes and the work at each level."""
+
+    def __init__(self, steps: Sequence[Step], output: int, depth: int, budget: int, sizes: dict[str, int]) -> None:
+        self.depth, self.budget = depth, budget
+        self.levels = register_levels(steps)
+        self.last = _last_reader_level(steps, output, depth)
+        self.work_at = np.zeros(depth + 1)
+        for step in steps:
+            self.work_at[step.level] += _step_work(step, sizes)
+
+    def refreshed(self, prev: int, cut: int) -> tuple[int, ...]:
+        low = 0 if prev == 0 else prev + 1  # the input (level 0) is fresh: only a first cut can refresh it
+        return tuple(sorted(r for r, lv in self.levels.items() if low <= lv <= cut and self.last.get(r, -1) > cut))
+
+    def work(self, start: int, end: int) -> float:
+        # a step at relative level l runs on a ciphertext of budget - l + 2 primes (the special one excluded)
+        return float(sum(self.work_at[lv] * (self.budget - (lv - start) + 2) for lv in range(start + 1, end + 1)))
+
+    def cheapest(self, admissible: Callable[[tuple[int, ...]], bool]) -> BootstrapPlan | None:
+        """Fewest bootstraps, then least work, over the cuts whose refreshed registers are all ``admissible``
+        (a shortest path over the levels); None when no placement has only admissible cuts."""
+        depth, budget = self.depth, self.budget
+        # best[c] = (bootstraps, work, previous cut) for a segment ending with a cut after level c; 0 is the start
+        best: dict[int, tuple[int, float, int | None]] = {0: (0, 0.0, None)}
+        for cut in range(1, depth):
+            options = []
+            for prev, (boots, work, _) in best.items():
+                if 0 < cut - prev <= budget - 1:
+                    regs = self.refreshed(prev, cut)
+                    if admissible(regs):
+                        options.append((boots + len(regs), work + self.work(prev, cut), prev))
+            if options:
+                best[cut] = min(options)
+        finals = [(b, w + self.work(p, depth), p) for p, (b, w, _) in best.items() if depth - p <= budget]
+        if not finals:
+            return None
+        _, _, prev = min(finals)
+        cuts = []
+        while prev:
+            cuts.append(prev)
+            prev = best[prev][2]
+        cuts.reverse()
+        starts = [0, *cuts]
+        return BootstrapPlan(depth, budget, tuple(cuts),
+                             tuple(self.refreshed(p, c) for p, c in zip(starts[:-1], cuts, strict=True)))
+
+
+def _check_budget(depth: int, budget: int) -> None:
+    if budget < 2:
+        raise BootstrapError(f"a chain of {budget} level(s) leaves nothing between bootstraps (each spends one "
+                             "level scaling its input); use a ring with at least 2 levels after bootstrapping")
+
+
 def place_bootstraps(steps: Sequence[Step], output: int, depth: int, budget: int,
                      sizes: dict[str, int] | None = None) -> BootstrapPlan:
     """Cheapest cuts for a program of ``depth`` levels on a chain of ``budget`` levels (see module doc)."""
     if depth <= budget:
         return BootstrapPlan(depth, budget, (), ())
-    if budget < 2:
-        raise BootstrapError(f"a chain of {budget} level(s) leaves nothing between bootstraps (each spends one "
-                             "level scaling its input); use a ring with at least 2 levels after bootstrapping")
-    sizes = sizes or {}
-    levels = register_levels(steps)
-    last = _last_reader_level(steps, output, depth)
-    work_at = np.zeros(depth + 1)
-    for step in steps:
-        work_at[step.level] += _step_work(step, sizes)
-
-    def refreshed(prev: int, cut: int) -> tuple[int, ...]:
-        low = 0 if prev == 0 else prev + 1  # the input (level 0) is fresh: only a first cut can refresh it
-        return tuple(sorted(r for r, lv in levels.items() if low <= lv <= cut and last.get(r, -1) > cut))
-
-    def segment_work(start: int, end: int) -> float:
-        # a step at relative level l runs on a ciphertext of budget - l + 2 primes (the special one excluded)
-        return float(sum(work_at[lv] * (budget - (lv - start) + 2) for lv in range(start + 1, end + 1)))
-
-    # best[c] = (bootstraps, work, previous cut) for a segment ending with a cut after level c; 0 is the start
-    best: dict[int, tuple[int, float, int | None]] = {0: (0, 0.0, None)}
-    for cut in range(1, depth):
-        options = []
-        for prev, (boots, work, _) in best.items():
-            if 0 < cut - prev <= budget - 1:
-                options.append((boots + len(refreshed(prev, cut)), work + segment_work(prev, cut), prev))
-        if options:
-            best[cut] = min(options)
-    finals = [(b + 0, w + segment_work(p, depth), p) for p, (b, w, _) in best.items() if depth - p <= budget]
-    if not finals:
+    _check_budget(depth, budget)
+    plan = _Segments(steps, output, depth, budget, sizes or {}).cheapest(lambda regs: True)
+    if plan is None:
         raise BootstrapError(f"no placement fits {depth} levels into segments of {budget}")
-    _, _, prev = min(finals)
-    cuts = []
-    while prev:
-        cuts.append(prev)
-        prev = best[prev][2]
-    cuts.reverse()
-    starts = [0, *cuts]
-    return BootstrapPlan(depth, budget, tuple(cuts), tuple(refreshed(p, c) for p, c in zip(starts[:-1], cuts, strict=True)))
+    return plan
+
+
+def place_sized_bootstraps(steps: Sequence[Step], output: int, depth: int, budget: int, *, input_period: int,
+                           lanes: int, max_slots: int, price: Callable[[int], float],
+                           sizes: dict[str, int] | None = None) -> BootstrapPlan:
+    """Cuts *and* the slots every bootstrap refreshes, chosen together by price: a bootstrap of fewer slots is
+    cheaper (Lattigo's CoeffsToSlots and SlotsToCoeffs shrink with the slots, and EvalMod runs once instead of
+    twice below the full ring), so a placement with a bootstrap more may cost less when it keeps every refreshed
+    register narrow. For each power-of-two width up to ``max_slots`` (real slots; a register of period P takes
+    ``P * lanes``), the fewest bootstraps whose refreshed registers all fit it; the cheapest of those by
+    ``bootstraps x price(width)`` wins, ties going to fewer bootstraps, then to the narrower width (smaller keys).
+    Never more levels per segment than :func:`place_bootstraps` allows."""
+    if depth <= budget:
+        return BootstrapPlan(depth, budget, (), ())
+    _check_budget(depth, budget)
+    segments = _Segments(steps, output, depth, budget, sizes or {})
+    periods = register_periods(steps, input_period)
+    widest = max(periods.values()) * lanes
+    best: tuple[float, int, int, BootstrapPlan] | None = None
+    width = 2
+    while width <= max_slots:
+        plan = segments.cheapest(lambda regs, w=width: all(periods[r] * lanes <= w for r in regs))
+        if plan is not None:
+            key = (plan.count * price(width), plan.count, width, replace(plan, slots=width))
+            if best is None or key[:3] < best[:3]:
+                best = key
+        if width >= widest:
+            break
+        width *= 2
+    if best is None:
+        raise BootstrapError(f"no placement fits {depth} levels into segments of {budget} with bootstraps of at "
+                             f"most {max_slots} slots")
+    return best[3]
 
 
 def register_periods(steps: Sequence[Step], input_period: int) -> dict[int, int]:
@@ -210,6 +268,8 @@ def refresh_slots(steps: Sequence[Step], plan: BootstrapPlan, input_period: int,
     """Real slots one bootstrap must refresh: the widest period among the refreshed registers (times the
     interleaved samples), a power of two; registers repeat with their period, so a sparse bootstrap of that many
     slots returns each one whole."""
+    if plan.slots is not None:
+        return int(plan.slots)
     periods = register_periods(steps, input_period)
     widest = max((periods[r] for regs in plan.refreshed for r in regs), default=1)
     return int(min(slots, max(2, widest * lanes)))

@@ -24,6 +24,7 @@ from polyfhe.program.engines import get_backend
 from polyfhe.program.params import CKKSParams, estimated_sizes
 from polyfhe.runtime.bootcost import (
     BOOTSTRAP_MEASUREMENTS,
+    BOOTSTRAPPER_START_BOOTSTRAPS,
     bootstrap_key_switches,
     bootstrap_seconds,
     bootstrap_site,
@@ -222,6 +223,8 @@ def predict(workload: Workload, costs: OpCosts, *, machine_bytes: int | None = -
     eval_s = sum(by_op.values())
     if traits.encodes_at_load:  # loading the program encodes every plaintext
         setup_s, cold_s = costs.seconds(encodes), eval_s
+        if workload.bootstraps:  # the first bootstrap of a process also encodes the bootstrapper's transforms
+            cold_s += BOOTSTRAPPER_START_BOOTSTRAPS * boot_one
     else:  # the store encodes each plaintext on first use: the first query pays them
         setup_s, cold_s = 0.0, eval_s - costs.seconds(re_encoded) + costs.seconds(encodes)
     return CostPrediction(

@@ -9,55 +9,46 @@ from dataclasses import replace
 
 from polyfhe.program.bootparams import (
     CIRCUIT_PRIMES,
-    COEFFS_TO_SLOTS_BITS,
-    SLOTS_TO_COEFFS_BITS,
     BootstrapSpec,
 )
 from polyfhe.program.params import CKKSParams
 from polyfhe.runtime.opcosts import OpCosts, OpSite
 
-__all__ = ["BOOTSTRAP_MEASUREMENTS", "BOOTSTRAP_TRANSFORM_DEPTHS", "bootstrap_key_switches", "bootstrap_rotations",
-           "bootstrap_seconds", "bootstrap_site"]
+__all__ = ["BOOTSTRAPPER_START_BOOTSTRAPS", "BOOTSTRAP_MEASUREMENTS", "bootstrap_key_switches", "bootstrap_seconds",
+           "bootstrap_site"]
 
-# Bootstrapping is priced in key switches at the bootstrapping modulus (N=2^16: the residual primes, the circuit's
-# 16 and the special primes), so another machine scales it by its own calibrated key-switch cost. Lattigo's
-# bootstrap runs CoeffsToSlots (4 levels) and SlotsToCoeffs (3 levels) as BSGS linear transforms whose rotations
-# grow with log2(slots), and EvalMod once per ciphertext it produces (two at full slots, 2^15: the real and
-# imaginary halves). The constants are a non-negative least-squares fit (relative errors, key switches priced by
-# this machine's calibration) to the bootstraps measured on an otherwise idle 2-core AMD EPYC machine (Lattigo 6.2
-# through orion-v2-evaluator 2.1.8; docs/ckks.md, "Bootstrapping"), each row (log2 slots, residual ring, residual
-# primes, special primes, seconds per bootstrap). Those two points leave no room for a slot term (the fit puts
-# it at zero: the 2^13-slot bootstrap on a small residual ring is as cheap per key switch as EvalMod alone), so
-# the price grows with slots only through EvalMod's ciphertexts; each point is reproduced within 2x (8.9 s for
-# 7.4 s, 24 s for 41 s). Two earlier points measured while other jobs held both cores (about 11 s at 2^9 slots,
-# 15 s at 2^13) are left out: they measured the machine's load as much as the bootstrap.
+# Bootstrapping is priced in key switches at the bootstrapping modulus (the residual primes, the circuit's 16 and
+# the special primes), so another machine scales it by its own calibrated key-switch cost. Lattigo's bootstrap runs
+# CoeffsToSlots (4 levels) and SlotsToCoeffs (3 levels) as BSGS linear transforms, and EvalMod once per ciphertext
+# CoeffsToSlots produces (two at full slots, N/2: the real and imaginary halves; one below, where both halves share
+# a ciphertext). Measured (bench/bootstrap_slots.py, one bootstrap alone), the slots below the full ring change
+# little (N=2^12: 0.35 s at 2^8 and 0.36 s at 2^10 slots, 0.55 s at the full 2^11; N=2^14: 2.2-2.5 s at 2^12,
+# 2.7-3.0 s at the full 2^13), so the price is a fixed part for the transforms and a part per EvalMod ciphertext.
+# The constants minimise the largest relative error over the points below (key switches priced by this machine's
+# Lattigo calibration; an otherwise idle 2-core AMD EPYC machine, Lattigo 6.2 through orion-v2-evaluator 2.1.8):
+# every point within 1.6x. Each row: (log2 slots, log2 of the ring the bootstrap runs on, residual primes,
+# special primes, seconds per bootstrap, warm).
 BOOTSTRAP_MEASUREMENTS = (
-    (13, 1 << 14, 8, 8, 7.4),  # width-32 monet_fhe_deep_bn, [60, 40 x 7, 60]: 6 bootstraps, 50.5 s per query
-    (15, 1 << 16, 12, 6, 41.0),  # one bootstrap, 11 levels at 2^40 on N=2^16: 39-43 s on one core
+    (13, 16, 8, 8, 7.4),  # width-32 monet_fhe_deep_bn, residual N=2^14 ring-switched to 2^16: 6 in a 50.5 s query
+    (15, 16, 12, 6, 41.0),  # one bootstrap, 11 levels at 2^40 on N=2^16: 39-43 s on one core
+    (12, 14, 8, 6, 2.3),  # N=2^14, [60, 40 x 7, 60], bootstrapping on its own ring (docs/results/issue37)
+    (13, 14, 8, 6, 2.85),
+    (8, 12, 4, 6, 0.35),  # N=2^12, [60, 40 x 3, 60], its own ring
+    (10, 12, 4, 6, 0.36),
+    (11, 12, 4, 6, 0.55),
 )
-BOOTSTRAP_EVALMOD_KEY_SWITCHES = 49.9  # per ciphertext EvalMod runs on
-BOOTSTRAP_ROTATION_KEY_SWITCHES = 0.0  # per BSGS rotation of CoeffsToSlots and SlotsToCoeffs (fitted: none)
-# levels of CoeffsToSlots and SlotsToCoeffs, as the bootstrapping parameters lay them out
-BOOTSTRAP_TRANSFORM_DEPTHS = (len(COEFFS_TO_SLOTS_BITS), len(SLOTS_TO_COEFFS_BITS))
-
-
-def bootstrap_rotations(log_slots: int) -> float:
-    """BSGS rotations of CoeffsToSlots and SlotsToCoeffs at ``2^log_slots`` slots: each of their ``depth`` levels
-    merges ``log_slots / depth`` FFT stages, a map of about ``2 r - 1`` diagonals (``r = 2^(log_slots/depth)``)
-    that BSGS evaluates with about twice its square root in rotations."""
-    total = 0.0
-    for depth in BOOTSTRAP_TRANSFORM_DEPTHS:
-        radix = 2.0 ** (log_slots / depth)
-        total += depth * 2.0 * math.sqrt(2.0 * radix - 1.0)
-    return total
+BOOTSTRAP_EVALMOD_KEY_SWITCHES = 42.0  # per ciphertext EvalMod runs on
+BOOTSTRAP_TRANSFORM_KEY_SWITCHES = 23.5  # CoeffsToSlots and SlotsToCoeffs, whatever the slots (see above)
+# The first bootstrap of a process also encodes the bootstrapper's own transforms: measured 2.4-3.6 s more at
+# N=2^14 (2^12 and 2^13 slots), 0.1-0.5 s at N=2^12; priced as one bootstrap more, on the cold query only.
+BOOTSTRAPPER_START_BOOTSTRAPS = 1.0
 
 
 def bootstrap_key_switches(log_slots: int, logn: int = 16) -> float:
-    """Key switches one bootstrap costs (fitted to :data:`BOOTSTRAP_MEASUREMENTS`): EvalMod per ciphertext (two
-    when the slots fill the ring) and the slot-dependent linear transforms."""
+    """Key switches one bootstrap costs (fitted to :data:`BOOTSTRAP_MEASUREMENTS`): the transforms, and EvalMod
+    per ciphertext (two when the slots fill the ring)."""
     ciphertexts = 2 if log_slots >= logn - 1 else 1
-    return (BOOTSTRAP_EVALMOD_KEY_SWITCHES * ciphertexts
-            + BOOTSTRAP_ROTATION_KEY_SWITCHES * bootstrap_rotations(log_slots))
+    return BOOTSTRAP_TRANSFORM_KEY_SWITCHES + BOOTSTRAP_EVALMOD_KEY_SWITCHES * ciphertexts
 
 
 def bootstrap_site(residual_primes: int, special: int, logn: int = 16) -> OpSite:

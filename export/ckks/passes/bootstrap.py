@@ -1,7 +1,8 @@
 """Pass ``bootstrap``: bootstrap steps at the plan's cheapest cuts, each scaled by its register's range.
 
 Reads ``plan``, ``circuit``, ``params``, ``boot_spec``, ``ranges`` and the options' ``calibration`` (plain runs
-of a few samples set each bootstrap's input range); writes ``plan`` and ``boot_info``. Nothing to do without a
+of a few samples set each bootstrap's input range); writes ``plan`` and ``boot_info``. The cuts and the slots each
+bootstrap refreshes are chosen together, priced by the cost model's bootstrap price. Nothing to do without a
 ``boot_spec``.
 """
 
@@ -15,7 +16,7 @@ from polyfhe.exporters.ckks.bootstrap import (
     BootstrapError,
     calibrated_ranges,
     insert_bootstraps,
-    place_bootstraps,
+    place_sized_bootstraps,
     refresh_slots,
 )
 from polyfhe.exporters.ckks.passes import Pass
@@ -23,13 +24,20 @@ from polyfhe.exporters.ckks.passes.ranges import calibration_samples
 from polyfhe.exporters.ckks.state import CKKSExportError, CompileState
 from polyfhe.program.bootparams import bootstrap_key_bytes, bootstrap_modulus_bits, check_bootstrap_security
 from polyfhe.program.manifest import ProgramManifest
+from polyfhe.runtime.bootcost import bootstrap_key_switches
 from polyfhe.runtime.program import CKKSProgram
 
-__all__ = ["BOOTSTRAP_CALIBRATION_SAMPLES", "PASS", "program_manifest"]
+__all__ = ["BOOTSTRAP_CALIBRATION_SAMPLES", "PASS", "bootstrap_price", "program_manifest"]
 
 log = logging.getLogger(__name__)
 
 BOOTSTRAP_CALIBRATION_SAMPLES = 32  # plain runs that set the bootstraps' input ranges
+
+
+def bootstrap_price(slots: int, logn: int) -> float:
+    """What one bootstrap of ``slots`` real slots costs on ring ``2^logn``, in key switches (the cost model's
+    price; only its ratio between widths matters to the placement)."""
+    return bootstrap_key_switches(int(math.log2(slots)), logn)
 
 
 def program_manifest(state: CompileState, layout: str, input_range: tuple, info: dict) -> ProgramManifest:
@@ -51,7 +59,9 @@ def _insert(state: CompileState) -> None:
     lanes = int(plan.stats.get("samples_per_ciphertext", 1))
     input_period = int(plan.stats.get("input_period", params.slots // lanes))
     sizes = {name: len(arr) for name, arr in plan.arrays.items()}
-    placed = place_bootstraps(plan.steps, circuit.output, circuit.depth, params.levels, sizes)
+    placed = place_sized_bootstraps(plan.steps, circuit.output, circuit.depth, params.levels, sizes=sizes,
+                                    input_period=input_period, lanes=lanes, max_slots=params.slots,
+                                    price=lambda width: bootstrap_price(width, state.boot_spec.logn))
     width = refresh_slots(plan.steps, placed, input_period, lanes, params.slots)
     spec = replace(state.boot_spec, log_slots=int(math.log2(width)))
     refreshed = {r for regs in placed.refreshed for r in regs}

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import logging
 import math
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -20,7 +22,14 @@ from torch import nn
 from polyfhe.engines.lattigo.engine import lower
 from polyfhe.engines.lattigo.format import parse_container, run_container_plain
 from polyfhe.exporters.ckks import CKKSExportError, export_ckks
-from polyfhe.exporters.ckks.bootstrap import BootstrapError, insert_bootstraps, place_bootstraps
+from polyfhe.exporters.ckks.bootstrap import (
+    BootstrapError,
+    insert_bootstraps,
+    place_bootstraps,
+    place_sized_bootstraps,
+    refresh_slots,
+    register_periods,
+)
 from polyfhe.program.bootparams import (
     BOOTSTRAP_RING,
     CIRCUIT_BITS,
@@ -78,16 +87,17 @@ def deep_program():
 # ---------------------------------------------------------------------------------------------------------------
 # placement
 # ---------------------------------------------------------------------------------------------------------------
-def _random_program(rng: np.random.Generator, depth: int) -> list[Step]:
+def _random_program(rng: np.random.Generator, depth: int, periods: tuple[int, ...] = (16,)) -> list[Step]:
     """A layered program: a linear map and a product per two levels, linear maps reading random earlier
-    registers (skips), so several registers are live across most levels."""
+    registers (skips), so several registers are live across most levels; each map's output period drawn from
+    ``periods``."""
     steps, made = [], [(0, 0)]
     reg = 1
     for level in range(1, depth + 1):
         if level % 2:
             sources = {made[-1][0]} | {r for r, lv in made if lv < level and rng.random() < 0.3}
             terms = tuple(Term(r, Diagonals(f"d{reg}.{r}", f"k{reg}.{r}")) for r in sorted(sources))
-            steps.append(Step("linear", reg, (), 4, level, LinearAttrs(terms, period=16)))
+            steps.append(Step("linear", reg, (), 4, level, LinearAttrs(terms, period=int(rng.choice(periods)))))
         else:
             steps.append(Step("mul", reg, (made[-1][0], made[-1][0]), 4, level))
         made.append((reg, level))
@@ -95,36 +105,35 @@ def _random_program(rng: np.random.Generator, depth: int) -> list[Step]:
     return steps
 
 
-def _brute_force(steps: list[Step], output: int, depth: int, budget: int) -> int:
-    """Fewest bootstraps over every admissible set of cuts, counted independently of the planner."""
+def _admissible_cut_sets(steps: list[Step], output: int, depth: int, budget: int):
+    """Every set of cuts whose segments fit the budget, with the registers each cut refreshes, enumerated
+    independently of the planner."""
     levels = {0: 0, **{s.out: s.level for s in steps}}
     last = {}
     for s in steps:
         for r in s.reads():
             last[r] = max(last.get(r, 0), s.level)
     last[output] = depth
-    best = None
     for k in range(depth):
         for cuts in itertools.combinations(range(1, depth), k):
             bounds = [0, *cuts, depth]
             gaps = [b - a for a, b in itertools.pairwise(bounds)]
             if any(g > budget - 1 for g in gaps[:-1]) or gaps[-1] > budget:
                 continue
-            count = sum(any(levels[r] <= c < last.get(r, -1) for c in cuts) for r in levels)
-            best = count if best is None else min(best, count)
-    return best
+            yield cuts, [r for r in levels if any(levels[r] <= c < last.get(r, -1) for c in cuts)]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_placement_is_the_fewest_bootstraps_and_fits_every_segment(seed):
-    rng = np.random.default_rng(seed)
-    depth, budget = int(rng.integers(7, 12)), int(rng.integers(3, 5))
-    steps = _random_program(rng, depth)
-    output = steps[-1].out
-    plan = place_bootstraps(steps, output, depth, budget)
-    assert plan.count == _brute_force(steps, output, depth, budget)
+def _brute_force(steps: list[Step], output: int, depth: int, budget: int) -> int:
+    """Fewest bootstraps over every admissible set of cuts, counted independently of the planner."""
+    return min(len(refreshed) for _, refreshed in _admissible_cut_sets(steps, output, depth, budget))
+
+
+def _check_levels(steps: list[Step], plan, width: int) -> list[Step]:
+    """Insert the plan's bootstraps and check every level: each segment within the budget, a level left for the
+    bootstrap's scale-down, every read from this segment or a refreshed copy."""
+    budget = plan.budget
     ranges = {r: (-1.0, 1.0) for regs in plan.refreshed for r in regs}
-    placed, copies = insert_bootstraps(steps, plan, ranges, 16)
+    placed, copies = insert_bootstraps(steps, plan, ranges, width)
     original = {0: 0, **{s.out: s.level for s in steps}}
 
     def segment_of(level: int) -> int:
@@ -134,6 +143,7 @@ def test_placement_is_the_fewest_bootstraps_and_fits_every_segment(seed):
     for step in placed:
         if step.op == "bootstrap":
             assert level[step.inputs[0]] <= budget - 1  # a level left for the scale-down into the bootstrap
+            assert step.bootstrap.slots == width
             segment[step.out] = plan.cuts.index(step.bootstrap.cut) + 1
         else:
             segment[step.out] = segment_of(original[step.out])
@@ -144,6 +154,64 @@ def test_placement_is_the_fewest_bootstraps_and_fits_every_segment(seed):
         level[step.out] = step.level
     assert sum(s.op == "bootstrap" for s in placed) == plan.count == len(copies)
     assert all(left >= 0 for left in plan.levels_left())
+    return placed
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_placement_is_the_fewest_bootstraps_and_fits_every_segment(seed):
+    rng = np.random.default_rng(seed)
+    depth, budget = int(rng.integers(7, 12)), int(rng.integers(3, 5))
+    steps = _random_program(rng, depth)
+    output = steps[-1].out
+    plan = place_bootstraps(steps, output, depth, budget)
+    assert plan.count == _brute_force(steps, output, depth, budget)
+    _check_levels(steps, plan, 16)
+
+
+def _price(width: int) -> float:
+    """A bootstrap's price by width, shaped like Lattigo's: a fixed part and a part growing with the slots."""
+    return 40.0 + 4.0 * math.log2(width) + (20.0 if width >= 64 else 0.0)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_sized_placement_is_the_cheapest_width_and_cuts_and_never_exceeds_the_level_budget(seed):
+    """Against brute force over every admissible set of cuts and every width: the cheapest total price, each
+    refreshed register within the chosen width, and every segment within the chain's levels."""
+    rng = np.random.default_rng(100 + seed)
+    depth, budget = int(rng.integers(7, 12)), int(rng.integers(3, 5))
+    lanes, input_period = int(rng.choice([1, 2])), 8
+    steps = _random_program(rng, depth, periods=(4, 8, 16, 32))
+    output = steps[-1].out
+    periods = register_periods(steps, input_period)
+    plan = place_sized_bootstraps(steps, output, depth, budget, input_period=input_period, lanes=lanes,
+                                  max_slots=64, price=_price)
+    best = min(len(refreshed) * _price(width)
+               for cuts, refreshed in _admissible_cut_sets(steps, output, depth, budget)
+               for width in (2, 4, 8, 16, 32, 64)
+               if all(periods[r] * lanes <= width for r in refreshed))
+    assert plan.count * _price(plan.slots) == pytest.approx(best)
+    assert all(periods[r] * lanes <= plan.slots for regs in plan.refreshed for r in regs)
+    assert refresh_slots(steps, plan, input_period, lanes, 64) == plan.slots
+    _check_levels(steps, plan, plan.slots)
+
+
+def test_a_narrower_bootstrap_wins_only_when_its_extra_bootstraps_cost_less():
+    """Same program, two prices: where a wide bootstrap is dear the placement takes more, narrower ones; where
+    width costs little it keeps the fewest."""
+    rng = np.random.default_rng(3)
+    for _ in range(50):  # a program whose fewest bootstraps need a wide register refreshed
+        steps = _random_program(rng, 10, periods=(4, 32))
+        fewest = place_bootstraps(steps, steps[-1].out, 10, 4)
+        wide = refresh_slots(steps, fewest, 8, 1, 64)
+        narrow = place_sized_bootstraps(steps, steps[-1].out, 10, 4, input_period=8, lanes=1, max_slots=64,
+                                        price=lambda w: 1.0 if w <= 8 else 1000.0)
+        if wide > 8 and narrow.slots <= 8 and narrow.count > fewest.count:
+            break
+    else:
+        pytest.fail("no random program needed a wider bootstrap for its fewest count")
+    flat = place_sized_bootstraps(steps, steps[-1].out, 10, 4, input_period=8, lanes=1, max_slots=64,
+                                  price=lambda w: 1.0)
+    assert flat.count == fewest.count and flat.slots == wide
 
 
 def test_no_bootstrap_when_the_chain_holds_the_circuit_and_a_useless_chain_is_refused():
@@ -337,6 +405,48 @@ def test_bootstrapped_program_runs_encrypted_on_lattigo(deep_program):
     assert out.shape == ref.shape
     assert np.abs(out - ref).max() < 1e-3 * max(1.0, np.abs(ref).max())
     assert (out.argmax(1) == ref.argmax(1)).all()
+
+
+SERVER_PEAK_SCRIPT = """
+import mmap, resource, sys
+from polyfhe.runtime.program import load_program
+prog = load_program(sys.argv[1])
+with open(sys.argv[2], "rb") as f:
+    context = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+server = prog.server(context)
+with open(sys.argv[3], "rb") as f:
+    out = server.run(f.read())
+open(sys.argv[4], "wb").write(out)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+@pytest.mark.skipif(not LATTIGO, reason="needs the orion-v2 Lattigo wheels (pip install 'polyfhe[lattigo]')")
+def test_the_predicted_server_peak_bounds_a_real_servers(deep_program, tmp_path):
+    """A bootstrapped program's server, alone in a fresh process as deployed (context mapped from disk, one query):
+    its peak resident memory stays under the export's prediction (``server_peak_bytes``: what the export plans
+    with and refuses by), and within the prediction's fixed process allowance of it."""
+    import subprocess
+    import sys
+
+    from polyfhe.program.bootparams import SERVER_PROCESS_BYTES
+
+    _, prog = deep_program
+    x = digits()[2][: prog.manifest.samples_per_ciphertext]
+    client = prog.client()
+    prog.save(tmp_path / "prog")
+    (tmp_path / "context.bin").write_bytes(client.public_context())
+    (tmp_path / "query.bin").write_bytes(client.encrypt(x))
+    done = subprocess.run([sys.executable, "-c", SERVER_PEAK_SCRIPT, str(tmp_path / "prog"),
+                           str(tmp_path / "context.bin"), str(tmp_path / "query.bin"), str(tmp_path / "out.bin")],
+                          check=False, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "GOGC": "25"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    measured = int(done.stdout.split()[-1])
+    assert client.decrypt((tmp_path / "out.bin").read_bytes()).shape[0] == len(x)  # it really served
+    predicted = prog.manifest.info["bootstrap"]["server_memory"]["peak_bytes"]
+    logging.getLogger(__name__).info("server peak %.3f GB, predicted %.3f GB", measured / 1e9, predicted / 1e9)
+    assert measured <= predicted <= measured + SERVER_PROCESS_BYTES, (measured, predicted)
 
 
 def test_a_context_without_bootstrapping_keys_is_refused(deep_program):
