@@ -14,7 +14,7 @@ from polyfhe.program.bootparams import (
 from polyfhe.program.params import CKKSParams
 from polyfhe.runtime.opcosts import OpCosts, OpSite
 
-__all__ = ["BOOTSTRAPPER_START_BOOTSTRAPS", "BOOTSTRAP_MEASUREMENTS", "bootstrap_key_switches", "bootstrap_seconds",
+__all__ = ["BOOTSTRAPPER_START_BOOTSTRAPS", "BOOTSTRAP_MEASUREMENTS", "BOOTSTRAP_PRICE_BY_RING", "bootstrap_key_switches", "bootstrap_seconds",
            "bootstrap_site"]
 
 # Bootstrapping is priced in key switches at the bootstrapping modulus (the residual primes, the circuit's 16 and
@@ -22,11 +22,11 @@ __all__ = ["BOOTSTRAPPER_START_BOOTSTRAPS", "BOOTSTRAP_MEASUREMENTS", "bootstrap
 # CoeffsToSlots (4 levels) and SlotsToCoeffs (3 levels) as BSGS linear transforms, and EvalMod once per ciphertext
 # CoeffsToSlots produces (two at full slots, N/2: the real and imaginary halves; one below, where both halves share
 # a ciphertext). Measured (bench/bootstrap_slots.py, one bootstrap alone), the slots below the full ring change
-# little (N=2^12: 0.35 s at 2^8 and 0.36 s at 2^10 slots, 0.55 s at the full 2^11; N=2^14: 2.2-2.5 s at 2^12,
-# 2.7-3.0 s at the full 2^13), so the price is a fixed part for the transforms and a part per EvalMod ciphertext.
-# The constants minimise the largest relative error over the points below (key switches priced by this machine's
-# Lattigo calibration; an otherwise idle 2-core AMD EPYC machine, Lattigo 6.2 through orion-v2-evaluator 2.1.8):
-# every point within 1.6x. Each row: (log2 slots, log2 of the ring the bootstrap runs on, residual primes,
+# little, and how much the full ring adds depends on the ring: N=2^12 0.35-0.36 s below it, 0.55 s at it (1.5x);
+# N=2^14 2.2-2.5 s below, 2.7-3.0 s at it (1.24x). So the price is a fixed part for the transforms and a part per
+# EvalMod ciphertext, per ring (``BOOTSTRAP_PRICE_BY_RING``, the nearest measured ring for others). Key switches
+# priced by this machine's Lattigo calibration; an otherwise idle 2-core AMD EPYC machine, Lattigo 6.2 through
+# orion-v2-evaluator 2.1.8. Each row: (log2 slots, log2 of the ring the bootstrap runs on, residual primes,
 # special primes, seconds per bootstrap, warm).
 BOOTSTRAP_MEASUREMENTS = (
     (13, 16, 8, 8, 7.4),  # width-32 monet_fhe_deep_bn, residual N=2^14 ring-switched to 2^16: 6 in a 50.5 s query
@@ -37,8 +37,10 @@ BOOTSTRAP_MEASUREMENTS = (
     (10, 12, 4, 6, 0.36),
     (11, 12, 4, 6, 0.55),
 )
-BOOTSTRAP_EVALMOD_KEY_SWITCHES = 42.0  # per ciphertext EvalMod runs on
-BOOTSTRAP_TRANSFORM_KEY_SWITCHES = 23.5  # CoeffsToSlots and SlotsToCoeffs, whatever the slots (see above)
+# log2 ring -> (key switches of the transforms, key switches per EvalMod ciphertext): N=2^12 and 2^14 reproduce
+# their sparse and full-ring points; N=2^16's two points (one a ring-switched bootstrap) disagree on the share, so
+# it is EvalMod alone at the geometric middle of both: within 1.45x of each.
+BOOTSTRAP_PRICE_BY_RING = {12: (21.0, 25.7), 14: (41.7, 13.1), 16: (0.0, 59.4)}
 # The first bootstrap of a process also encodes the bootstrapper's own transforms: measured 2.4-3.6 s more at
 # N=2^14 (2^12 and 2^13 slots), 0.1-0.5 s at N=2^12; priced as one bootstrap more, on the cold query only.
 BOOTSTRAPPER_START_BOOTSTRAPS = 1.0
@@ -46,9 +48,11 @@ BOOTSTRAPPER_START_BOOTSTRAPS = 1.0
 
 def bootstrap_key_switches(log_slots: int, logn: int = 16) -> float:
     """Key switches one bootstrap costs (fitted to :data:`BOOTSTRAP_MEASUREMENTS`): the transforms, and EvalMod
-    per ciphertext (two when the slots fill the ring)."""
+    per ciphertext (two when the slots fill the ring), as measured on the nearest ring."""
+    ring = min(BOOTSTRAP_PRICE_BY_RING, key=lambda r: (abs(r - logn), -r))
+    transforms, evalmod = BOOTSTRAP_PRICE_BY_RING[ring]
     ciphertexts = 2 if log_slots >= logn - 1 else 1
-    return BOOTSTRAP_TRANSFORM_KEY_SWITCHES + BOOTSTRAP_EVALMOD_KEY_SWITCHES * ciphertexts
+    return transforms + evalmod * ciphertexts
 
 
 def bootstrap_site(residual_primes: int, special: int, logn: int = 16) -> OpSite:

@@ -313,15 +313,15 @@ def test_bootstrap_price_grows_with_slots_and_fits_its_measurements():
     for logn in (12, 14, 16):
         switches = [bootstrap_key_switches(s, logn) for s in range(4, logn)]
         assert all(a <= b for a, b in itertools.pairwise(switches))
-        # the full-slot bootstrap runs EvalMod on two ciphertexts: dearer, but less than two sparse ones
-        assert switches[-2] < switches[-1] < 2 * switches[-2]
+        # the full-slot bootstrap runs EvalMod on two ciphertexts: dearer, but no dearer than two sparse ones
+        assert switches[-2] < switches[-1] <= 2 * switches[-2]
     # on constants that price a key switch as this machine's Lattigo calibration did, every measured bootstrap
-    # is reproduced within 1.6x (the requirement on every prediction is 2x)
+    # is reproduced within 1.5x (the requirement on every prediction is 2x)
     costs = OpCosts("lattigo", {"rotation": (0.0, 4.86, 0.554)}, "x")
     for log_slots, logn, residual, special, seconds in BOOTSTRAP_MEASUREMENTS:
         params = CKKSParams(1 << min(logn, 14), (60,) + (40,) * (residual - 1) + (60,), 40, "none")
         spec = {"logn": logn, "logp": [61] * special, "log_slots": log_slots}
-        assert 1 / 1.6 <= bootstrap_seconds(costs, spec, params) / seconds <= 1.6, (log_slots, logn)
+        assert 1 / 1.5 <= bootstrap_seconds(costs, spec, params) / seconds <= 1.5, (log_slots, logn)
 
 
 def test_a_cold_bootstrapped_query_pays_the_bootstrappers_start():
