@@ -11,9 +11,9 @@ Cuts are chosen by dynamic programming over the levels (a shortest path whose ed
 bootstraps first, then the least work at high levels (a product on a
 ciphertext with more primes costs more). Not one per fixed number of layers: a cut goes where few registers are
 live. :func:`place_sized_bootstraps` also chooses how many slots every bootstrap refreshes: the same search
-restricted to cuts whose registers fit each power-of-two width, priced by what a bootstrap of that width costs
-(a narrower one is cheaper), so a bootstrap more can win when it keeps the refreshes narrow. Pure functions on steps; the ranges that scale values into the bootstrap's input interval come from a
-calibration run of the program (``calibrated_ranges``).
+restricted to cuts whose registers fit each power-of-two width, priced by what a bootstrap of that width costs,
+so a bootstrap more can win where narrower ones are cheap enough. Pure functions on steps; the ranges that scale
+values into the bootstrap's input interval come from a calibration run of the program (``calibrated_ranges``).
 """
 
 from __future__ import annotations
@@ -159,10 +159,9 @@ def place_bootstraps(steps: Sequence[Step], output: int, depth: int, budget: int
 def place_sized_bootstraps(steps: Sequence[Step], output: int, depth: int, budget: int, *, input_period: int,
                            lanes: int, max_slots: int, price: Callable[[int], float],
                            sizes: dict[str, int] | None = None) -> BootstrapPlan:
-    """Cuts *and* the slots every bootstrap refreshes, chosen together by price: a bootstrap of fewer slots is
-    cheaper (Lattigo's CoeffsToSlots and SlotsToCoeffs shrink with the slots, and EvalMod runs once instead of
-    twice below the full ring), so a placement with a bootstrap more may cost less when it keeps every refreshed
-    register narrow. For each power-of-two width up to ``max_slots`` (real slots; a register of period P takes
+    """Cuts *and* the slots every bootstrap refreshes, chosen together by price: a bootstrap below the full ring
+    runs EvalMod once instead of twice, so a placement with a bootstrap more may cost less when it keeps every
+    refreshed register narrow (how much less is the ring's ``price``). For each power-of-two width up to ``max_slots`` (real slots; a register of period P takes
     ``P * lanes``), the fewest bootstraps whose refreshed registers all fit it; the cheapest of those by
     ``bootstraps x price(width)`` wins, ties going to fewer bootstraps, then to the narrower width (smaller keys).
     Never more levels per segment than :func:`place_bootstraps` allows."""
