@@ -407,8 +407,10 @@ def test_bootstrapped_program_runs_encrypted_on_lattigo(deep_program):
     assert (out.argmax(1) == ref.argmax(1)).all()
 
 
+# the child's own high-water mark (VmHWM): ru_maxrss would carry the forking test process's across exec
 SERVER_PEAK_SCRIPT = """
-import mmap, resource, sys
+import mmap, sys
+from polyfhe.procinfo import peak_resident_bytes
 from polyfhe.runtime.program import load_program
 prog = load_program(sys.argv[1])
 with open(sys.argv[2], "rb") as f:
@@ -417,7 +419,7 @@ server = prog.server(context)
 with open(sys.argv[3], "rb") as f:
     out = server.run(f.read())
 open(sys.argv[4], "wb").write(out)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+print(peak_resident_bytes())
 """
 
 
@@ -425,11 +427,13 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 def test_the_predicted_server_peak_bounds_a_real_servers(deep_program, tmp_path):
     """A bootstrapped program's server, alone in a fresh process as deployed (context mapped from disk, one query):
     its peak resident memory stays under the export's prediction (``server_peak_bytes``: what the export plans
-    with and refuses by), and within the prediction's fixed process allowance of it."""
+    with and refuses by), and the prediction is no looser than its own margins (Go's heap growth and the fixed
+    process allowance). The full-size check is the deep recipe's bench (docs/benchmarks.md): 18.16 GB predicted,
+    16.4-16.8 GB measured."""
     import subprocess
     import sys
 
-    from polyfhe.program.bootparams import SERVER_PROCESS_BYTES
+    from polyfhe.program.bootparams import GO_HEAP_GROWTH, SERVER_PROCESS_BYTES
 
     _, prog = deep_program
     x = digits()[2][: prog.manifest.samples_per_ciphertext]
@@ -446,7 +450,8 @@ def test_the_predicted_server_peak_bounds_a_real_servers(deep_program, tmp_path)
     assert client.decrypt((tmp_path / "out.bin").read_bytes()).shape[0] == len(x)  # it really served
     predicted = prog.manifest.info["bootstrap"]["server_memory"]["peak_bytes"]
     logging.getLogger(__name__).info("server peak %.3f GB, predicted %.3f GB", measured / 1e9, predicted / 1e9)
-    assert measured <= predicted <= measured + SERVER_PROCESS_BYTES, (measured, predicted)
+    # an upper bound, and no looser than the formula's own margins: Go's heap growth and the process allowance
+    assert measured <= predicted <= GO_HEAP_GROWTH * measured + SERVER_PROCESS_BYTES, (measured, predicted)
 
 
 def test_a_context_without_bootstrapping_keys_is_refused(deep_program):
