@@ -9,6 +9,9 @@ INSECURE rings only (``security="none"``): timings and sizes are what it measure
 
     python bench/bootstrap_slots.py                       # N=2^14, [60, 40 x 7, 60], 2^10 / 2^12 / 2^13 slots
     GOMAXPROCS=1 python bench/bootstrap_slots.py --log-slots 12 13
+    python bench/bootstrap_slots.py --log-ring 12 --chain 60,40,40,40,60 --log-slots 8 10 11 --out /tmp/b12
+
+Writes ``bootstrap_slots.md`` (each width beside the widest measured in the same run), ``.json`` and ``.png``.
 """
 
 from __future__ import annotations
@@ -79,28 +82,61 @@ def measure(params: CKKSParams, log_slots: int, queries: int) -> dict:
             "max_error": max(errors)}
 
 
+def _table(rows: list[dict], header: str) -> str:
+    """Markdown: each slot count against the full-ring bootstrap measured in the same run (the baseline)."""
+    full = max(rows, key=lambda r: r["log_slots"])
+    columns = ("| slots | key generation s | key bytes (predicted) | cold s | warm s | warm vs 2^"
+               f"{full['log_slots']} | max error |")
+    lines = [header, columns, "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| 2^{r['log_slots']} | {r['keygen_s']:.1f} | {r['key_bytes'] / 1e6:,.0f} MB "
+                     f"({r['predicted_key_bytes'] / 1e6:,.0f} MB) | {r['cold_s']:.2f} | {r['warm_s']:.2f} | "
+                     f"{r['warm_s'] / full['warm_s']:.2f} | {r['max_error']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(rows: list[dict], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"2^{r['log_slots']}" for r in rows]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(x - 0.2, [r["warm_s"] for r in rows], 0.4, label="warm")
+    ax.bar(x + 0.2, [r["cold_s"] for r in rows], 0.4, label="cold (first of a process)")
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("slots refreshed")
+    ax.set_ylabel("seconds per bootstrap")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--log-ring", type=int, default=14)
     ap.add_argument("--chain", default="60," + ",".join(["40"] * 7) + ",60", help="residual chain bits")
     ap.add_argument("--log-slots", type=int, nargs="+", default=[10, 12, 13])
     ap.add_argument("--queries", type=int, default=4, help="bootstraps per slot count (the first is cold)")
-    ap.add_argument("--json", type=Path, help="write the rows here too")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "bootstrap_slots",
+                    help="folder for bootstrap_slots.md, .json and .png")
     args = ap.parse_args(argv)
     bits = tuple(int(b) for b in args.chain.split(","))
     params = CKKSParams(1 << args.log_ring, bits, bits[1], security="none")
-    rows = [measure(params, s, args.queries) for s in args.log_slots]
-    print("machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()))
-    print(f"ring N=2^{args.log_ring}, chain {list(bits)} (INSECURE, timing only), GOMAXPROCS="
-          f"{os.environ.get('GOMAXPROCS', 'unset')}, {args.queries} bootstraps each")
-    print("| slots | key generation s | key bytes (predicted) | cold s | warm s | max error |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| 2^{r['log_slots']} | {r['keygen_s']:.1f} | {r['key_bytes'] / 1e6:,.0f} MB "
-              f"({r['predicted_key_bytes'] / 1e6:,.0f} MB) | {r['cold_s']:.2f} | {r['warm_s']:.2f} | "
-              f"{r['max_error']:.1e} |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    rows = [measure(params, s, args.queries) for s in sorted(args.log_slots)]
+    title = (f"ring N=2^{args.log_ring}, chain {list(bits)} (INSECURE, timing only), GOMAXPROCS="
+             f"{os.environ.get('GOMAXPROCS', 'unset')}, {args.queries} bootstraps each")
+    header = ("machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()) + "\n" + title + "\n")
+    text = _table(rows, header)
+    print(text, end="")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bootstrap_slots.md").write_text(text)
+    (args.out / "bootstrap_slots.json").write_text(json.dumps({"title": title, "rows": rows}, indent=1))
+    _plot(rows, title, args.out / "bootstrap_slots.png")
     return 0
 
 
