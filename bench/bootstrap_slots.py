@@ -31,7 +31,7 @@ from machine_info import machine_info
 
 from polyfhe.engines.lattigo.bootkeys import generate_here
 from polyfhe.engines.lattigo.format import evaluation_key_set, lattigo_params, secret_weight
-from polyfhe.engines.lattigo.probes import graph_container
+from polyfhe.engines.lattigo.probes import graph_container, graph_node
 from polyfhe.program.bootparams import BOOT_SPECIAL_PRIMES, BootstrapSpec, bootstrap_key_bytes
 from polyfhe.program.params import CKKSParams
 
@@ -40,9 +40,7 @@ def _bootstrap_graph(params: CKKSParams, spec: dict, slots: int) -> bytes:
     top = params.levels
     config = {"input_level": top, "input_min": -1.0, "input_max": 1.0, "prescale": 0.5, "postscale": 2.0,
               "constant": 0.0, "slots": slots}
-    nodes = [{"name": "input", "op": "flatten", "level": top, "depth": 0, "shape": {}, "config": {}, "blob_refs": {}},
-             {"name": "boot", "op": "bootstrap", "level": top, "depth": 0, "shape": {}, "config": config,
-              "blob_refs": {}}]
+    nodes = [graph_node("input", "flatten", top), graph_node("boot", "bootstrap", top, config)]
     return graph_container(params, nodes, [("input", "boot")], [], [], True, spec)
 
 
@@ -76,6 +74,8 @@ def measure(params: CKKSParams, log_slots: int, queries: int) -> dict:
         times.append(time.perf_counter() - t0)
         got = np.asarray(encoder.decode(decryptor.decrypt_new(rlwe.Ciphertext.unmarshal_binary(out)), params.slots))
         errors.append(float(np.max(np.abs(got - values))))
+    for obj in (model, evaluator, encoder, encryptor, decryptor, public, secret, keygen, lparams):
+        obj.close()  # Go memory: the next slot count's keys would otherwise sit beside these
     return {"log_slots": log_slots, "keygen_s": keygen_s, "key_bytes": len(boot_keys),
             "predicted_key_bytes": bootstrap_key_bytes(params, BootstrapSpec.from_dict(spec)),
             "cold_s": times[0], "warm_s": statistics.median(times[1:]) if len(times) > 1 else float("nan"),

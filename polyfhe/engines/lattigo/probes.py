@@ -25,7 +25,7 @@ from polyfhe.engines.lattigo.tally import transform_tally
 from polyfhe.program.params import CKKSParams
 from polyfhe.runtime.opcosts import KeyObservation, OpSite, Probe, Tally, best_seconds, key_observation, merge
 
-__all__ = ["LATTIGO_CHAINS", "graph_container", "lattigo_probes", "transform_split"]
+__all__ = ["LATTIGO_CHAINS", "graph_container", "graph_node", "lattigo_probes", "transform_split"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ TRANSFORMS = (("one diagonal", (0,), 0, 8, 1 << 16), ("babies", (0, 1, 2, 3), 5,
 ADD_CHAIN = 40
 
 
-def _node(name: str, op: str, level: int, config: dict | None = None, refs: dict | None = None) -> dict:
+def graph_node(name: str, op: str, level: int, config: dict | None = None, refs: dict | None = None) -> dict:
+    """A node of the evaluator's model graph (the layout ``lower_program`` writes)."""
     return {"name": name, "op": op, "level": level, "depth": 1 if op == "linear_transform" else 0, "shape": {},
             "config": config or {}, "blob_refs": refs or {}}
 
@@ -62,13 +63,13 @@ def _transform_chain(params: CKKSParams, ks, log_ratio: int, rng, most: int = 8
     """One transform per level from the top down (at most ``most``; the output keeps two primes)."""
     n, slots, top = params.poly_modulus_degree, params.slots, params.levels
     giants, babies = transform_split(ks, slots, log_ratio)
-    nodes, edges, blobs, tally = [_node("input", "flatten", top)], [], [], {}
+    nodes, edges, blobs, tally = [graph_node("input", "flatten", top)], [], [], {}
     for i, level in enumerate(range(top, max(1, top - most), -1)):
         diags = rng.random((len(ks), slots)) * 1e-3
         blobs.append(struct.pack("<I", len(ks)) + np.asarray(ks, "<i4").tobytes() + diags.astype("<f8").tobytes())
         config = {"bsgs_ratio": float(2.0**log_ratio), "output_rotations": 0, "num_input_cts": 1,
                   "num_output_cts": 1}
-        nodes.append(_node(f"t{i}", "linear_transform", level, config, {"diag_0_0": i}))
+        nodes.append(graph_node(f"t{i}", "linear_transform", level, config, {"diag_0_0": i}))
         edges.append((nodes[-2]["name"], nodes[-1]["name"]))
         tally = merge(tally, transform_tally(n, level + 1, len(ks), len(giants), len(babies)))
     return nodes, edges, blobs, tally
@@ -76,9 +77,9 @@ def _transform_chain(params: CKKSParams, ks, log_ratio: int, rng, most: int = 8
 
 def _square_chain(params: CKKSParams) -> tuple[list[dict], list, list[bytes], Tally]:
     n, top = params.poly_modulus_degree, params.levels
-    nodes, edges, tally = [_node("input", "flatten", top)], [], {}
+    nodes, edges, tally = [graph_node("input", "flatten", top)], [], {}
     for i, level in enumerate(range(top, 1, -1)):  # the output keeps two primes
-        nodes.append(_node(f"q{i}", "quad", level))
+        nodes.append(graph_node(f"q{i}", "quad", level))
         edges.append((nodes[-2]["name"], nodes[-1]["name"]))
         tally = merge(tally, {OpSite("ct_product", n, level + 1, level + 1): 1.0,
                               OpSite("rescale", n, level + 1): 1.0})
@@ -87,9 +88,9 @@ def _square_chain(params: CKKSParams) -> tuple[list[dict], list, list[bytes], Ta
 
 def _add_chain(params: CKKSParams) -> tuple[list[dict], list, list[bytes], Tally]:
     top = params.levels
-    nodes, edges = [_node("input", "flatten", top)], []
+    nodes, edges = [graph_node("input", "flatten", top)], []
     for i in range(ADD_CHAIN):
-        nodes.append(_node(f"a{i}", "add", top))
+        nodes.append(graph_node(f"a{i}", "add", top))
         edges += [(nodes[-2]["name"], nodes[-1]["name"])] * 2
     return nodes, edges, [], {OpSite("add", params.poly_modulus_degree, top + 1): float(ADD_CHAIN)}
 
@@ -120,7 +121,7 @@ def lattigo_probes(client_lib, evaluator_lib, chains=LATTIGO_CHAINS, repeats: in
         ct = rlwe.Encryptor(lparams, public).encrypt_new(plain).marshal_binary()
         evaluator = evaluator_lib.Evaluator(lattigo_params(params), b"".join(evaluation_key_set(relin, galois)))
         del galois
-        graphs = [("identity", ([_node("input", "flatten", params.levels)], [], [], {}))]
+        graphs = [("identity", ([graph_node("input", "flatten", params.levels)], [], [], {}))]
         graphs += [(name, _transform_chain(params, ks, r, rng, most)) for name, ks, r, most, _ in transforms]
         graphs += [("squares", _square_chain(params)), ("adds", _add_chain(params))]
         io = {OpSite("io", ring, params.levels + 1): 1.0}
