@@ -49,6 +49,7 @@ def export_ckks(
     bootstrap_memory: int | None = None,
     replicate_input: bool = True,
     compile_memory: int | None = None,
+    upload_budget: int | None = None,
 ) -> CKKSProgram:
     """Compile ``model`` (module or ONNX) into a CKKS program for ``layout`` ("single" or "batch").
 
@@ -72,6 +73,10 @@ def export_ckks(
     ``replicate_input`` (single layout): let the client pack each token's input window im2col-style (pixels
     written to several slots) when that cuts the diagonals of the maps reading the input (``replicate.py``:
     overlapping strided stems); ``False`` packs every input value once.
+    ``upload_budget`` (SEAL): bytes the whole public context may take as the web page sends it (seeded keys, about
+    half the uncompressed size; ``polyfhe.program.params.BROWSER_UPLOAD_BUDGET`` is the page's 150 MB); the
+    Galois keys are cut to what fits, down to the fewest that still compose every rotation the program makes
+    (``rotations.lattice_base``), and an export whose fewest keys do not fit is refused with the sizes.
     ``compile_memory``: bytes the lowering's affine terms may hold (None: half of this machine's memory); an
     export that would pass it stops with an error naming the node, before the memory is taken.
     """
@@ -81,5 +86,5 @@ def export_ckks(
         batch_memory_budget=batch_memory_budget, galois_key_budget=galois_key_budget,
         samples_per_ciphertext=samples_per_ciphertext, backend=backend, spend_levels=spend_levels,
         bootstrap=bootstrap, bootstrap_memory=bootstrap_memory, replicate_input=replicate_input,
-        compile_memory=compile_memory)
+        compile_memory=compile_memory, upload_budget=upload_budget)
     return compile_model(model, options)

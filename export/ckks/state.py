@@ -87,6 +87,7 @@ class CompileOptions:
     bootstrap_memory: int | None = None
     replicate_input: bool = True
     compile_memory: int | None = None  # bytes of affine terms the lowering may hold (None: memory.py's default)
+    upload_budget: int | None = None  # bytes of public context as the web page sends it (seeded keys); None: no cap
     engine: Backend = field(init=False, repr=False, compare=False)  # the record of ``backend``
 
     def __post_init__(self) -> None:
@@ -96,6 +97,11 @@ class CompileOptions:
         object.__setattr__(self, "engine", engine)
         if self.layout not in engine.layouts:
             raise CKKSExportError(f"backend {self.backend!r} runs layouts {list(engine.layouts)}, not {self.layout!r}")
+        if self.upload_budget is not None and self.backend != "seal":
+            raise CKKSExportError(f"upload_budget sizes a web page's upload; the page is a client of SEAL programs "
+                                  f"only, not of backend {self.backend!r}")
+        if self.upload_budget is not None and self.upload_budget <= 0:
+            raise CKKSExportError(f"upload_budget must be a positive number of bytes, got {self.upload_budget}")
         if self.compile_memory is not None and self.compile_memory <= 0:
             raise CKKSExportError(f"compile_memory must be a positive number of bytes, got {self.compile_memory}")
         if self.bootstrap not in BOOTSTRAP_MODES:

@@ -28,9 +28,23 @@ def add_ckks_parameter_arguments(p: argparse.ArgumentParser) -> None:
                    help="seal: rotation keys in the public context (as sent); past it, rotations by steps without "
                         "a key are chains of keyed steps, several key switches each (default "
                         f"{GALOIS_KEY_BUDGET / MIB:g} MiB)")
+    g.add_argument("--for-browser", action="store_true",
+                   help="seal: a program the web page can be the client of: its public context, as the page "
+                        "sends it (seeded keys), stays within 150 MB (Galois keys cut to fit; other rotations "
+                        "composed); same as --upload-budget-mb 150")
+    g.add_argument("--upload-budget-mb", type=non_negative_float, metavar="MB",
+                   help="seal: the public context as the web page sends it stays within MB (10^6 bytes)")
     g.add_argument("--batch-memory-mb", type=non_negative_float, default=BATCH_MEMORY_BUDGET / MIB, metavar="MB",
                    help="batch layout: live ciphertexts the plan may hold; a model needing more is refused "
                         f"(default {BATCH_MEMORY_BUDGET / MIB:g} MiB)")
+
+
+def _upload_budget(args: argparse.Namespace) -> int | None:
+    from polyfhe.program.params import BROWSER_UPLOAD_BUDGET
+
+    if args.upload_budget_mb is not None:
+        return int(args.upload_budget_mb * 10**6)
+    return BROWSER_UPLOAD_BUDGET if args.for_browser else None
 
 
 def _bit_list(text: str) -> tuple[int, ...]:
@@ -47,7 +61,8 @@ def ckks_parameter_options(args: argparse.Namespace) -> dict[str, Any]:
     """``export_ckks`` keyword arguments from the flags; ``ValueError`` for a chain without ring or scale."""
     options: dict[str, Any] = {"allow_insecure": args.allow_insecure,
                                "galois_key_budget": int(args.galois_key_budget_mb * MIB),
-                               "batch_memory_budget": int(args.batch_memory_mb * MIB)}
+                               "batch_memory_budget": int(args.batch_memory_mb * MIB),
+                               "upload_budget": _upload_budget(args)}
     if args.coeff_mod_bits is None:
         return {**options, "poly_modulus_degree": args.poly_modulus_degree, "scale_bits": args.scale_bits}
     if args.poly_modulus_degree is None or args.scale_bits is None:

@@ -194,6 +194,25 @@ def max_levels(poly_modulus_degree: int, max_abs_value: float, scale_bits: int, 
     return max(0, (MAX_BITS_128[poly_modulus_degree] - reserve_bits - 2 * first) // scale_bits)
 
 
+BROWSER_UPLOAD_BUDGET = 150 * 10**6  # bytes of public context a web page uploads at most (docs/serve.md)
+# a seeded key ciphertext beyond its one polynomial: SEAL header, members, DynArray header and count, and the
+# PRNG info (type and 512-bit seed) its random half is regenerated from (measured on node-seal 7's output)
+SEEDED_FRAMING = 194
+KSWITCH_FRAMING = 16 + 32 + 8  # SEAL header, parms_id, row count
+
+
+def seeded_sizes(params: CKKSParams, galois_keys: int) -> dict[str, int]:
+    """Exact bytes of the public keys as the web page sends them: seeded (each key ciphertext's uniformly random
+    second half replaced by its seed) and uncompressed, about half of :func:`estimated_sizes`."""
+    n, primes = params.poly_modulus_degree, len(params.coeff_mod_bits)
+    part = n * primes * 8 + SEEDED_FRAMING  # one key ciphertext, seeded
+    key = (primes - 1) * part  # one key-switching key: a ciphertext per data prime
+    galois = KSWITCH_FRAMING + 8 * n + galois_keys * key if galois_keys else 0  # a row count per Galois element
+    relin = KSWITCH_FRAMING + 8 + key
+    return {"public_key": part, "relin_keys": relin, "galois_keys": galois, "galois_key": key,
+            "public_context": part + relin + galois}
+
+
 def estimated_sizes(params: CKKSParams, galois_keys: int) -> dict[str, int]:
     """Uncompressed SEAL object sizes in bytes; the zstd-serialised ones that travel are 10-40% smaller.
 

@@ -11,11 +11,12 @@ need the fewest key switches in all. The planner's counters and the SEAL executo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-__all__ = ["KeyChain", "choose_key_steps", "naf_terms", "power_of_two_steps"]
+__all__ = ["KeyChain", "choose_key_steps", "lattice_base", "naf_terms", "power_of_two_steps"]
 
 
 def naf_terms(value: int) -> list[int]:
@@ -33,6 +34,25 @@ def naf_terms(value: int) -> list[int]:
 def power_of_two_steps(slots: int) -> set[int]:
     """Rotations by +-2^i: with these every step is a chain (at most its NAF weight long)."""
     return {s * (1 << i) for i in range(max(1, slots.bit_length() - 1)) for s in (1, -1)}
+
+
+def lattice_base(steps: Iterable[int], slots: int, max_keys: int | None = None) -> set[int]:
+    """The fewest-hops chain keys within ``max_keys`` that reach every multiple of g = gcd(steps, slots): g * b^i
+    for g * b^i < slots, with the smallest radix b >= 2 whose keys fit (b = 2: log2(slots / g) keys, each step
+    the chain of its binary digits; a larger b: fewer keys, longer chains). What a tight key budget (a browser's
+    upload) can still afford: far fewer keys than :func:`power_of_two_steps` when steps share a factor."""
+    g = slots
+    for step in steps:
+        g = math.gcd(g, int(step) % slots)
+    span = slots // g
+    for radix in range(2, max(span, 2) + 1):
+        keys, power = set(), 1
+        while power < span:
+            keys.add(g * power)
+            power *= radix
+        if max_keys is None or len(keys) <= max_keys:
+            return keys
+    return {g}
 
 
 def _distances(keys: Iterable[int], slots: int) -> tuple[np.ndarray, np.ndarray]:
@@ -118,14 +138,16 @@ def choose_key_steps(uses: Mapping[int, int], slots: int, max_keys: int | None) 
     """Exactly the steps used when they fit ``max_keys``; else the cheaper (in key switches over all uses) of two
     greedy sets: the +-2^i keys (every step reachable) plus the used steps that save the most, and used steps
     alone, chosen from nothing, when they reach every used step (the +-2^i keys spend 2 log2(slots) keys on
-    offsets a plan may never use)."""
+    offsets a plan may never use). Below 2 log2(slots) keys the base is :func:`lattice_base` instead."""
     used = {int(s): int(n) for s, n in uses.items() if int(s) % slots}
     if max_keys is None or len(used) <= max_keys:
         return sorted(used)
     base = power_of_two_steps(slots)
-    if len(base) > max_keys:
-        raise ValueError(f"max_galois_keys={max_keys} is below the {len(base)} power-of-two keys needed to "
-                         "compose every rotation")
+    if len(base) > max_keys:  # a tight budget: forward power-of-two chains over the steps' common factor
+        base = lattice_base(used, slots, max_keys)
+        if len(base) > max_keys:
+            raise ValueError(f"max_galois_keys={max_keys}: no Galois key fits, and this program rotates (by "
+                             f"{len(used)} different steps)")
     steps = np.array(sorted(used), dtype=np.int64)
     weight = np.array([used[s] for s in steps], dtype=np.int64)
 

@@ -11,7 +11,13 @@ import pytest
 from polyfhe.engines.seal.ops import naf_terms
 from polyfhe.exporters.ckks.affine import LoweringError
 from polyfhe.exporters.ckks.plan import select_galois_steps
-from polyfhe.runtime.rotations import KeyChain, _greedy_keys, choose_key_steps, power_of_two_steps
+from polyfhe.runtime.rotations import (
+    KeyChain,
+    _greedy_keys,
+    choose_key_steps,
+    lattice_base,
+    power_of_two_steps,
+)
 
 
 def _brute_force(keys: list[int], slots: int) -> dict[int, int]:
@@ -84,9 +90,30 @@ def test_keys_chosen_from_the_used_steps_alone_when_they_reach_every_step_for_le
     assert total < sum(n * with_powers.switches(s) for s, n in uses.items())
 
 
-def test_every_used_step_gets_a_key_when_they_fit_and_a_tiny_budget_is_refused():
+def test_every_used_step_gets_a_key_when_they_fit_and_no_key_at_all_is_refused():
     uses = Counter({3: 1, 5: 2, 4095: 1})
     assert choose_key_steps(uses, 4096, 10) == [3, 5, 4095]
     assert choose_key_steps(uses, 4096, None) == [3, 5, 4095]
-    with pytest.raises(LoweringError, match="power-of-two keys"):
-        select_galois_steps(Counter({s: 1 for s in range(1, 40)}), 4096, 5)
+    with pytest.raises(LoweringError, match="no Galois key fits"):
+        select_galois_steps(Counter({s: 1 for s in range(1, 40)}), 4096, 0)
+
+
+@pytest.mark.parametrize("budget", [1, 3, 5, 8, 12])
+def test_a_budget_below_the_power_of_two_keys_still_composes_every_used_step(budget):
+    uses = Counter({s: 1 + s % 3 for s in range(1, 40)})
+    keys = choose_key_steps(uses, 4096, budget)
+    assert 1 <= len(keys) <= budget
+    chain = KeyChain(keys, 4096)
+    for step in uses:
+        hops = chain.chain(step)
+        assert sum(hops) % 4096 == step and all(chain.has_key(h) for h in hops)
+
+
+def test_lattice_base_is_binary_over_the_common_factor_and_coarser_when_the_budget_is_tighter():
+    assert sorted(lattice_base([16, 48, 4000], 8192)) == [16 << i for i in range(9)]  # gcd 16: 512 offsets
+    assert sorted(lattice_base([16, 48], 8192, 5)) == [16, 64, 256, 1024, 4096]  # radix 4: 5 keys cover 512 offsets
+    for budget in (1, 2, 4, 7, 13):
+        keys = lattice_base([1], 8192, budget)
+        assert len(keys) <= budget
+        reach = KeyChain(keys, 8192)
+        assert all(reach.switches(s) >= 0 for s in range(0, 8192, 97))

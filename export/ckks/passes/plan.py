@@ -14,7 +14,7 @@ from polyfhe.exporters.ckks.passes import Pass
 from polyfhe.exporters.ckks.plan import max_samples_per_ciphertext, plan_batch, plan_single
 from polyfhe.exporters.ckks.state import CKKSExportError, CompileState
 from polyfhe.program.bootparams import BootstrapSpec, max_refresh_log_slots
-from polyfhe.program.params import CKKSParams
+from polyfhe.program.params import CKKSParams, seeded_sizes
 
 __all__ = ["PASS", "RESCALE_GIANTS_MIN_SCALE_BITS", "galois_key_bytes"]
 
@@ -46,6 +46,16 @@ def bootstrap_lanes(circuit: Circuit, params: CKKSParams, spec: BootstrapSpec, m
     return min(most, cap)
 
 
+def browser_key_allowance(params: CKKSParams, upload_budget: int) -> int:
+    """Galois keys a public context sent seeded (the web page's) can hold within ``upload_budget`` bytes."""
+    fixed = seeded_sizes(params, 1)["public_context"] - seeded_sizes(params, 1)["galois_key"]
+    per_key = seeded_sizes(params, 1)["galois_key"]
+    if fixed > upload_budget:
+        raise CKKSExportError(f"the public and relinearisation keys alone take {fixed / 1e6:.1f} MB at "
+                              f"{params.describe()}, over the {upload_budget / 1e6:.0f} MB upload budget")
+    return (upload_budget - fixed) // per_key
+
+
 def run(state: CompileState) -> None:
     options, params, circuit = state.options, state.params, state.circuit
     lanes = options.samples_per_ciphertext
@@ -54,6 +64,10 @@ def run(state: CompileState) -> None:
     try:
         max_keys = (max(2 * params.slots.bit_length(), options.galois_key_budget // galois_key_bytes(params))
                     if state.engine.composes_rotations else None)
+        if options.upload_budget is not None and max_keys is not None:
+            max_keys = min(max_keys, browser_key_allowance(params, options.upload_budget))
+            log.info("upload budget %.0f MB: at most %d Galois keys of %.1f MB (seeded)", options.upload_budget / 1e6,
+                     max_keys, seeded_sizes(params, 1)["galois_key"] / 1e6)
         if not state.single and lanes not in (None, 1):
             raise LoweringError("samples_per_ciphertext applies to layout='single'; the batch layout already "
                                 "holds one sample per slot")
@@ -62,7 +76,12 @@ def run(state: CompileState) -> None:
                                   block_sum_maps=state.engine.rotate_sums)
                       if state.single else plan_batch(circuit))
     except LoweringError as exc:
-        raise CKKSExportError(f"{state.name}: {exc}") from exc
+        hint = ""
+        if options.upload_budget is not None:
+            hint = (f"; the {options.upload_budget / 1e6:.0f} MB upload budget buys {max_keys} Galois keys of "
+                    f"{seeded_sizes(params, 1)['galois_key'] / 1e6:.1f} MB at {params.describe()}: raise "
+                    "upload_budget (--upload-budget-mb), or export for a smaller ring (fewer levels)")
+        raise CKKSExportError(f"{state.name}: {exc}{hint}") from exc
 
 
 PASS = Pass("plan", run, ("plan",))
