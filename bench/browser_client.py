@@ -43,9 +43,12 @@ DRAW_INPUT = """(values) => {  // the image, upscaled on the page's canvas exact
 }"""
 
 
-def _page_run(page, model: str, images: np.ndarray) -> dict:
+def _page_run(page, model: str, images: np.ndarray, shots: Path | None = None) -> dict:
     page.select_option("#page-model", model)
     page.wait_for_function(f"window.polyfhePage.spec && window.polyfhePage.spec.model === '{model}'")
+    if shots is not None:
+        page.evaluate(DRAW_INPUT, [float(v) for v in images[0].reshape(-1)])
+        page.screenshot(path=str(shots / "serve-page-before.png"), full_page=True)
     page.click("#make-keys")
     page.wait_for_function("window.polyfhePage.client && document.body.dataset.busy === ''", timeout=600_000)
     keygen_ms = page.evaluate("window.polyfhePage.client.keygenMs")
@@ -53,9 +56,9 @@ def _page_run(page, model: str, images: np.ndarray) -> dict:
     queries = []
     for image in images:
         page.evaluate(DRAW_INPUT, [float(v) for v in image.reshape(-1)])
-        before = page.locator("#result").get_attribute("data-done")
+        before = page.locator("#result").get_attribute("data-done") or ""
         page.click("#classify")
-        page.wait_for_function(f"document.getElementById('result').dataset.done !== {json.dumps(before)}"
+        page.wait_for_function(f"(document.getElementById('result').dataset.done || '') !== {json.dumps(before)}"
                                " || !document.getElementById('page-error').hidden", timeout=900_000)
         if page.locator("#page-error").is_visible():
             raise RuntimeError(page.locator("#page-error").inner_text())
@@ -64,6 +67,8 @@ def _page_run(page, model: str, images: np.ndarray) -> dict:
                         "decrypt_s": t["decrypt_ms"] / 1e3, "upload_s": t.get("upload_ms", 0) / 1e3,
                         "query_bytes": t["query_bytes"],
                         "class": int(page.locator("#result").get_attribute("data-class"))})
+    if shots is not None:
+        page.screenshot(path=str(shots / "serve-page-after.png"), full_page=True)
     return {"keygen_s": keygen_ms / 1e3, "context_bytes": context_bytes, "queries": queries}
 
 
@@ -133,6 +138,7 @@ def main(argv=None) -> int:
     ap.add_argument("--images", type=Path, required=True, help=".npy of test images in [0, 1], shaped (n, ...)")
     ap.add_argument("--queries", type=int, default=3, help="images per client (the first is cold)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "browser_client")
+    ap.add_argument("--screenshots", type=Path, help="folder for the page before and after the last program's query")
     args = ap.parse_args(argv)
     all_images = np.load(args.images)
     work = Path(tempfile.mkdtemp(prefix="polyfhe-bench-page-"))
@@ -160,7 +166,10 @@ def main(argv=None) -> int:
                     if images.shape[1] != size:
                         raise SystemExit(f"--images hold {images.shape[1]} values per image; {name} takes {size}")
                     images = images[: args.queries]
-                    page_run = _page_run(page, name, images)
+                    last = spec == args.program[-1] and args.screenshots is not None
+                    if last:
+                        args.screenshots.mkdir(parents=True, exist_ok=True)
+                    page_run = _page_run(page, name, images, args.screenshots if last else None)
                     python_run = _python_run(server.url, name, images)
                     agree = sum(a["class"] == b["class"] for a, b in zip(page_run["queries"], python_run["queries"]))
                     rows.append({"model": name, "ring": f"N={model['params']['poly_modulus_degree']}",

@@ -295,10 +295,32 @@ def _export_ckks(console: Any, model: Any, name: str, shape: tuple[int, ...] | N
                           compile_memory=None if args.compile_memory is None else int(args.compile_memory * 1e9),
                           **kwargs)
     program.save(args.out)
+    _card_from_checkpoint(args, Path(args.out))
     console.print(summary_table(program, args.out, name))
     console.print(f"[green]saved[/] CKKS program to {args.out}; run it with "
                   f"`polyfhe run {args.out} --input IMAGE.png|X.npy`")
     return 0
+
+
+def _card_from_checkpoint(args: argparse.Namespace, out: Path) -> None:
+    """A ``card.json`` beside a program exported from a ``polyfhe train`` checkpoint (unless one is there): its
+    class names, data set and test accuracy, which ``polyfhe serve`` and its web page show."""
+    import json
+
+    folder = Path(args.checkpoint or args.model)
+    config = folder / "config.json"
+    card = out / "card.json"
+    if card.exists() or not config.is_file():
+        return
+    try:
+        extra = json.loads(config.read_text()).get("extra") or {}
+    except (OSError, ValueError):
+        return
+    fields = {"class_names": extra.get("classes"), "dataset": extra.get("data"),
+              "accuracy": extra.get("test_accuracy")}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    if fields:
+        card.write_text(json.dumps(fields) + "\n")
 
 
 def _packing(m: Any) -> str:

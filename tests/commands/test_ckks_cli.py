@@ -169,8 +169,10 @@ def test_export_of_a_checkpoint_takes_raw_images(tmp_path, capsys):
         model.train()(torch.from_numpy(norm.apply_numpy(x)))
         model.head.weight.normal_(0, 0.1)
     model.eval()
+    classes = [f"digit {i}" for i in range(10)]
     save_checkpoint(model, tmp_path / "ckpt", model_name="monet_fhe_bn", model_kwargs=kwargs,
-                    extra={"normalization": norm.to_dict()})
+                    extra={"normalization": norm.to_dict(), "classes": classes, "data": "digits",
+                           "test_accuracy": 0.5})
     save_checkpoint(model, tmp_path / "raw", model_name="monet_fhe_bn", model_kwargs=kwargs)
     for ckpt, out in (("ckpt", "prog"), ("raw", "plain")):  # default calibration: digits in [0, 1]
         assert main(["export", str(tmp_path / ckpt), "--out", str(tmp_path / out)]) == 0
@@ -183,6 +185,9 @@ def test_export_of_a_checkpoint_takes_raw_images(tmp_path, capsys):
     np.testing.assert_allclose(prog.run_plain(x[:8]), want, rtol=1e-4, atol=1e-4)
     assert prog.manifest.input_range[0] >= 0.0 and prog.manifest.input_range[1] <= 1.0
     assert prog.manifest.depth == load_program(tmp_path / "plain").manifest.depth  # merged: no extra level
+    card = json.loads((tmp_path / "prog" / "card.json").read_text())  # what the server's page shows
+    assert card == {"class_names": classes, "dataset": "digits", "accuracy": 0.5}
+    assert not (tmp_path / "plain" / "card.json").exists()  # a checkpoint that records none: no card
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from polyfhe.engines.seal.dialect import Version, check_version, local_version, rewrite_headers
 from polyfhe.engines.seal.errors import SealCallError, refused
 from polyfhe.engines.seal.sealbytes import (
     HEADER,
+    NestedHeaders,
     SerializationError,
     check_ciphertext,
     check_kswitch,
@@ -121,6 +123,14 @@ class SealContext:
         size the object has at these parameters, its structure walked (a Galois key set must hold exactly
         ``galois_elements``), then loaded uncompressed. Raises :class:`SerializationError` with the reason.
         """
+        return self.load_with_version(kind, data, galois_elements)[0]
+
+    def load_with_version(self, kind: str, data,
+                          galois_elements: set[int] | frozenset[int] | None = None) -> tuple[object, Version]:
+        """:meth:`load`, and the SEAL format version the object came in: ours, or a compatible foreign one
+        (:mod:`polyfhe.engines.seal.dialect`) whose headers, all of that one version, are rewritten to ours before
+        SEAL loads it. Any other version is refused before the payload is inflated."""
+        version = check_version(data)
         factory = {"ciphertext": self.sa.Ciphertext, "public_key": self.sa.PublicKey,
                    "relin_keys": self.sa.RelinKeys, "galois_keys": self.sa.GaloisKeys,
                    "secret_key": self.sa.SecretKey}[kind]
@@ -134,7 +144,11 @@ class SealContext:
         obj = factory()
         with _memory_file() as (fd, path):
             length = inflate_into(fd, data, expected_bytes(layout, kind, len(rows or ())), what)
-            _STRUCTURE_CHECKS[kind](fd, length, layout, rows, what)
+            nested = NestedHeaders(version)
+            _STRUCTURE_CHECKS[kind](fd, length, layout, rows, what, nested)
+            if version != local_version():
+                log.debug("%s in SEAL format %d.%d: %d headers rewritten", what, *version, 1 + len(nested.offsets))
+                rewrite_headers(fd, (0, *nested.offsets), local_version())
             try:
                 obj.load(self.context, path)
             except Exception as exc:
@@ -142,15 +156,17 @@ class SealContext:
                                          f"{type(exc).__name__}: {exc}") from exc
         if not self.sa.is_valid_for(obj, self.context):
             raise SerializationError(f"{kind} does not match {self.params.describe()}")
-        return obj
+        return obj, version
 
 
-# kind -> walk of its inflated payload (fd, payload bytes, layout, Galois rows, what): before SEAL parses it
+# kind -> walk of its inflated payload (fd, payload bytes, layout, Galois rows, what, nested headers): before SEAL
+# parses it
 _STRUCTURE_CHECKS = {
-    "ciphertext": lambda fd, length, layout, rows, what: check_ciphertext(fd, HEADER.size, length, layout),
-    "public_key": lambda fd, length, layout, rows, what: check_ciphertext(fd, HEADER.size, length, layout,
-                                                                         key_level=True, what=what),
-    "secret_key": lambda fd, length, layout, rows, what: check_secret_key(fd, length, layout),
+    "ciphertext": lambda fd, length, layout, rows, what, nested: check_ciphertext(fd, HEADER.size, length, layout,
+                                                                                 nested=nested),
+    "public_key": lambda fd, length, layout, rows, what, nested: check_ciphertext(
+        fd, HEADER.size, length, layout, key_level=True, what=what, nested=nested),
+    "secret_key": lambda fd, length, layout, rows, what, nested: check_secret_key(fd, length, layout, nested),
     "relin_keys": check_kswitch,  # rows None: the one relinearisation row
     "galois_keys": check_kswitch,
 }

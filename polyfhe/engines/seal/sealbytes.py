@@ -28,23 +28,26 @@ import math
 import os
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from polyfhe.program.rns_scan import scan_buffer
 from polyfhe.program.rns_scan import scan_polynomial as rns_scan_polynomial
-from polyfhe.program.sizes import ciphertext_bytes, key_switching_key_bytes, poly_bytes
+from polyfhe.program.sizes import ciphertext_bytes, poly_bytes
 from polyfhe.program.wire import WireError
 
-__all__ = ["SealLayout", "SerializationError", "decoded_context_bytes", "expected_bytes", "inflate_into",
-           "parse_header", "read_header", "scan_polynomial", "seal_layout"]
+__all__ = ["NestedHeaders", "SealLayout", "SerializationError", "decoded_context_bytes", "expected_bytes",
+           "inflate_into", "parse_header", "read_header", "scan_polynomial", "seal_layout"]
 
 HEADER = struct.Struct("<HBBBBHQ")
 MAGIC = 0xA15E
 COMPR_NONE, COMPR_ZLIB, COMPR_ZSTD = 0, 1, 2
 CT_MEMBERS = 32 + 1 + 8 * 3 + 8 + 8  # parms_id, is_ntt, size, N, primes, scale, correction factor
 DYNARRAY_PREFIX = HEADER.size + 8  # the DynArray's own header and its element count
+# a seeded ciphertext's random second half travels as the PRNG's info: SEAL header, PRNG type (u8), 512-bit seed
+SEED_INFO_BYTES = HEADER.size + 1 + 64
+PRNG_TYPES = {1: "blake2xb", 2: "shake256"}  # SEAL's prng_type (0 is "unknown")
 KSWITCH_PREFIX = 32 + 8  # parms_id, row count
 PLAINTEXT_MEMBERS = 32 + 8 + 8  # parms_id, coefficient count, scale
 MAX_WINDOW = 1 << 25  # zstd window a decoder may allocate (SEAL's frames use 2 MiB)
@@ -81,15 +84,36 @@ def parse_header(data) -> Header:
     return Header((major, minor), compression, size)
 
 
-def read_header(fd: int, offset: int) -> Header:
-    """The uncompressed SEAL header of an inner object at ``offset`` of ``fd`` (its size is not checked here)."""
+@dataclass
+class NestedHeaders:
+    """The format version every nested header of one object must carry (its outer header's), and the offsets of
+    those headers as the walk meets them: an object of a compatible foreign version has them all rewritten to
+    ours before SEAL loads it (:mod:`polyfhe.engines.seal.dialect`), and SEAL would refuse a mix anyway."""
+
+    version: tuple[int, int]
+    offsets: list[int] = field(default_factory=list)
+
+    def visit(self, header: Header, offset: int) -> None:
+        if header.version != self.version:
+            raise SerializationError(
+                f"inner SEAL object at byte {offset} says SEAL format {header.version[0]}.{header.version[1]}, its "
+                f"outer header {self.version[0]}.{self.version[1]}: one object's headers must share one version")
+        self.offsets.append(offset)
+
+
+def read_header(fd: int, offset: int, nested: NestedHeaders | None = None) -> Header:
+    """The uncompressed SEAL header of an inner object at ``offset`` of ``fd`` (its size is not checked here);
+    with ``nested``, its version must be ``nested.version`` and its offset is recorded there."""
     raw = os.pread(fd, HEADER.size, offset)
     if len(raw) != HEADER.size:
         raise SerializationError("truncated SEAL object")
     magic, header_size, major, minor, compression, reserved, size = HEADER.unpack(raw)
     if magic != MAGIC or header_size != HEADER.size or major != 4 or compression != COMPR_NONE or reserved:
         raise SerializationError(f"inner SEAL object at byte {offset} has a bad header")
-    return Header((major, minor), compression, size)
+    header = Header((major, minor), compression, size)
+    if nested is not None:
+        nested.visit(header, offset)
+    return header
 
 
 def inflate_into(fd: int, data, cap: int, what: str = "SEAL object") -> int:
@@ -176,7 +200,11 @@ class SealLayout:
             return np.array(known, dtype=np.uint64)
         return np.full(primes, MAX_MODULUS, dtype=np.uint64)
 
-    def ciphertext_bytes(self, primes: int) -> int:
+    def ciphertext_bytes(self, primes: int, seeded: bool = False) -> int:
+        """Payload bytes of a ciphertext over ``primes`` primes; ``seeded``: its second polynomial sent as the
+        seed it is generated from (SEAL's serializable keys and symmetric encryptions; the web page's keys)."""
+        if seeded:
+            return ciphertext_bytes(self.n, primes, polys=1, framing=CT_MEMBERS + DYNARRAY_PREFIX + SEED_INFO_BYTES)
         return ciphertext_bytes(self.n, primes, framing=CT_MEMBERS + DYNARRAY_PREFIX)
 
     @property
@@ -187,9 +215,8 @@ class SealLayout:
     def decomposition(self) -> int:
         return self.key_primes - 1  # one key per ciphertext prime; the special prime is the last
 
-    def kswitch_bytes(self, rows: int, filled: int) -> int:
-        one = key_switching_key_bytes(self.n, self.decomposition, self.key_primes,
-                                      digit_framing=HEADER.size + CT_MEMBERS + DYNARRAY_PREFIX)
+    def kswitch_bytes(self, rows: int, filled: int, seeded: bool = False) -> int:
+        one = self.decomposition * (HEADER.size + self.ciphertext_bytes(self.key_primes, seeded))
         return KSWITCH_PREFIX + 8 * rows + filled * one
 
     def galois_bytes(self, elements: int) -> int:
@@ -226,12 +253,13 @@ class CiphertextFields:
 
 
 def check_ciphertext(fd: int, offset: int, length: int, layout: SealLayout, *, key_level: bool = False,
-                     what: str = "ciphertext", buffer: np.ndarray | None = None) -> CiphertextFields:
+                     what: str = "ciphertext", buffer: np.ndarray | None = None,
+                     nested: NestedHeaders | None = None) -> CiphertextFields:
     """Walk one ciphertext's members at ``offset`` (``length`` payload bytes): a known level, two components,
     this ring, the exact data length, a finite positive scale; then scan its values: every residue below its
     prime (the primes of its level, in order) and, for a ciphertext, the second component zero modulo no prime
     (not transparent); for a key (``key_level``: a public key or one part of a key-switching key) neither
-    component all-zero or constant modulo any prime."""
+    component all-zero or constant modulo any prime. ``nested``: see :func:`read_header`."""
     raw = os.pread(fd, CT_MEMBERS, offset)
     if len(raw) != CT_MEMBERS:
         raise SerializationError(f"truncated {what}")
@@ -251,42 +279,65 @@ def check_ciphertext(fd: int, offset: int, length: int, layout: SealLayout, *, k
                                  f"program's are N={layout.n}, {want_primes} primes, 2 components in NTT form")
     if not math.isfinite(scale) or scale <= 0:
         raise SerializationError(f"{what} has scale {scale!r}; a scale must be finite and positive")
-    if length != layout.ciphertext_bytes(primes):
-        raise SerializationError(f"{what} holds {length} bytes, {layout.ciphertext_bytes(primes)} expected")
-    read_header(fd, offset + CT_MEMBERS)
+    seeded = length == layout.ciphertext_bytes(primes, seeded=True)
+    if length != layout.ciphertext_bytes(primes) and not seeded:
+        raise SerializationError(f"{what} holds {length} bytes, {layout.ciphertext_bytes(primes)} expected "
+                                 f"({layout.ciphertext_bytes(primes, seeded=True)} with its random half seeded)")
+    read_header(fd, offset + CT_MEMBERS, nested)
     count = _u64(fd, offset + CT_MEMBERS + HEADER.size, "coefficient count")
-    if count != 2 * n * primes:
-        raise SerializationError(f"{what} declares {count} coefficients, {2 * n * primes} expected")
+    polys = 1 if seeded else 2
+    if count != polys * n * primes:
+        raise SerializationError(f"{what} declares {count} coefficients, {polys * n * primes} expected"
+                                 + (" (seeded: its first component only)" if seeded else ""))
     moduli = layout.moduli_at(level, primes)
     start = offset + CT_MEMBERS + DYNARRAY_PREFIX
+    second = start + n * primes * 8
     if key_level:
         scan_polynomial(fd, start, n, moduli, f"{what}, first component", buffer=buffer)
-        scan_polynomial(fd, start + n * primes * 8, n, moduli, f"{what}, second component (the random part)",
-                        buffer=buffer)
+        if not seeded:
+            scan_polynomial(fd, second, n, moduli, f"{what}, second component (the random part)", buffer=buffer)
     else:
         scan_polynomial(fd, start, n, moduli, f"{what}, first component", degenerate=None, buffer=buffer)
-        scan_polynomial(fd, start + n * primes * 8, n, moduli, f"{what}, second component", degenerate="zero",
-                        buffer=buffer)
+        if not seeded:
+            scan_polynomial(fd, second, n, moduli, f"{what}, second component", degenerate="zero", buffer=buffer)
+    if seeded:  # SEAL makes the second component from this seed: uniform, never zero or constant
+        check_seed_info(fd, second, what, nested)
     return CiphertextFields(level, size, scale)
 
 
-def check_kswitch(fd: int, length: int, layout: SealLayout, rows: set[int] | None, what: str) -> None:
-    """Walk a key-switching key set: the key level, and exactly ``rows`` filled (``None``: one row, relin)."""
+def check_seed_info(fd: int, offset: int, what: str, nested: NestedHeaders | None = None) -> None:
+    """A seeded ciphertext's PRNG info at ``offset``: its own header, of exactly its size, and a PRNG SEAL has."""
+    header = read_header(fd, offset, nested)
+    if header.size != SEED_INFO_BYTES:
+        raise SerializationError(f"{what}: seed information of {header.size} bytes, {SEED_INFO_BYTES} expected")
+    prng = os.pread(fd, 1, offset + HEADER.size)
+    if len(prng) != 1 or prng[0] not in PRNG_TYPES:
+        raise SerializationError(f"{what}: PRNG type {prng[0] if prng else None} of its seeded half is not one of "
+                                 f"SEAL's ({PRNG_TYPES})")
+
+
+def check_kswitch(fd: int, length: int, layout: SealLayout, rows: set[int] | None, what: str,
+                  nested: NestedHeaders | None = None) -> None:
+    """Walk a key-switching key set: the key level, and exactly ``rows`` filled (``None``: one row, relin).
+    ``nested``: see :func:`read_header`."""
     raw = os.pread(fd, 32, HEADER.size)
     if raw != layout.key_id:
         raise SerializationError(f"{what} belong to another parameter set (unknown parms_id)")
     want_rows = 1 if rows is None else layout.n
     filled = 1 if rows is None else len(rows)
-    if length != layout.kswitch_bytes(want_rows, filled):
+    seeded = length == layout.kswitch_bytes(want_rows, filled, seeded=True)  # every key seeded, or none
+    if length != layout.kswitch_bytes(want_rows, filled) and not seeded:
         per_key = layout.decomposition * (HEADER.size + layout.public_key_bytes)
         held = (length - layout.kswitch_bytes(want_rows, 0)) / per_key
         raise SerializationError(f"{what} hold {length} bytes (about {held:.4g} key(s)); this program needs exactly "
-                                 f"{filled} key(s), {layout.kswitch_bytes(want_rows, filled)} bytes")
+                                 f"{filled} key(s), {layout.kswitch_bytes(want_rows, filled)} bytes "
+                                 f"({layout.kswitch_bytes(want_rows, filled, seeded=True)} seeded)")
     offset = HEADER.size + 32
     if _u64(fd, offset, "row count") != want_rows:
         raise SerializationError(f"{what} have another row count than {want_rows}")
     offset += 8
-    key_size = HEADER.size + layout.public_key_bytes
+    part_bytes = layout.ciphertext_bytes(layout.key_primes, seeded)
+    key_size = HEADER.size + part_bytes
     buffer = scan_buffer(layout.n, layout.key_primes)
     for row in range(want_rows):
         count = _u64(fd, offset, "row length")
@@ -298,13 +349,13 @@ def check_kswitch(fd: int, length: int, layout: SealLayout, rows: set[int] | Non
                                      f"{layout.decomposition if wanted else 0} there (the key set must be exactly "
                                      "the program's)")
         for part in range(count):
-            header = read_header(fd, offset)
+            header = read_header(fd, offset, nested)
             if header.size != key_size:
                 raise SerializationError(f"{what}: a key of {header.size} bytes, {key_size} expected")
             name = (f"{what}: key {part} of {count}" if rows is None else
                     f"{what}: the key of Galois element {2 * row + 1}, part {part} of {count}")
-            check_ciphertext(fd, offset + HEADER.size, layout.public_key_bytes, layout, key_level=True, what=name,
-                             buffer=buffer)
+            check_ciphertext(fd, offset + HEADER.size, part_bytes, layout, key_level=True, what=name,
+                             buffer=buffer, nested=nested)
             offset += key_size
     if offset != HEADER.size + length:
         raise SerializationError(f"{what} have {HEADER.size + length - offset} trailing bytes")
@@ -316,7 +367,8 @@ def scan_polynomial(source, offset: int, n: int, moduli: np.ndarray, what: str, 
     rns_scan_polynomial(source, offset, n, moduli, what, **kwargs)
 
 
-def check_secret_key(fd: int, length: int, layout: SealLayout) -> None:
+def check_secret_key(fd: int, length: int, layout: SealLayout, nested: NestedHeaders | None = None) -> None:
+    """Walk a secret key (a plaintext): the key level, its coefficient count, its DynArray's header."""
     raw = os.pread(fd, PLAINTEXT_MEMBERS, HEADER.size)
     if len(raw) != PLAINTEXT_MEMBERS or raw[:32] != layout.key_id:
         raise SerializationError("secret key belongs to another parameter set")
@@ -324,6 +376,7 @@ def check_secret_key(fd: int, length: int, layout: SealLayout) -> None:
     if count != layout.n * layout.key_primes or length != layout.secret_key_bytes:
         raise SerializationError(f"secret key of {count} coefficients ({length} bytes); "
                                  f"{layout.n * layout.key_primes} expected")
+    read_header(fd, HEADER.size + PLAINTEXT_MEMBERS, nested)
 
 
 def seal_layout(context, n: int) -> SealLayout:

@@ -3,6 +3,9 @@
 It never sees a secret key (a context with one is refused) or a plaintext. Every byte string from outside
 is validated (container, program id, parameters, SEAL's own checks) and rejected with a
 :class:`~polyfhe.program.wire.WireError` or :class:`~polyfhe.engines.seal.context.SerializationError`.
+
+A client speaks one SEAL format version, its public context's: ours, or a compatible foreign one (node-seal's,
+:mod:`polyfhe.engines.seal.dialect`). Its queries must be in that version and its answers come back in it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import logging
 import time
 
 from polyfhe.engines.seal.context import SealContext
+from polyfhe.engines.seal.dialect import Version, check_version, describe_version, local_version, to_version
 from polyfhe.engines.seal.ops import SealOps
 from polyfhe.program.boundary import (
     DEFAULT_MAX_CIPHERTEXT_BYTES,
@@ -45,8 +49,9 @@ class CKKSServer:
         for name in ("public_key", "relin_keys"):
             if name not in box.sections:
                 raise WireError(f"public context lacks {name.replace('_', ' ')}")
-        self.seal.load("public_key", box.sections["public_key"])  # validated, not needed for evaluation
-        relin = self.seal.load("relin_keys", box.sections["relin_keys"])
+        _, version = self.seal.load_with_version("public_key", box.sections["public_key"])  # not needed to evaluate
+        self.client_version: Version = version  # the client's SEAL format: of its keys, queries and answers
+        relin = self._load_key("relin_keys", box.sections["relin_keys"])
         galois = None
         steps = program.manifest.galois_steps
         if steps:
@@ -54,7 +59,7 @@ class CKKSServer:
                 raise WireError(f"public context lacks the {len(steps)} Galois keys this program rotates with")
             n = program.params.poly_modulus_degree
             # exactly the program's keys: the decoder refuses a missing or an extra one before SEAL parses it
-            galois = self.seal.load("galois_keys", box.sections["galois_keys"],
+            galois = self._load_key("galois_keys", box.sections["galois_keys"],
                                     galois_elements={galois_element(s, n) for s in steps})
         elif "galois_keys" in box.sections:
             raise WireError("public context holds Galois keys; this program rotates by nothing")
@@ -63,10 +68,27 @@ class CKKSServer:
         self._ops = SealOps(self.seal, relin, galois, cache, max_cache_bytes, key_steps=steps)
         self.plaintext_store = self._ops.store
         self.last_run = RunStats()
+        if self.client_version != local_version():
+            log.info("a client in SEAL format %s (ours: %s): its keys and queries are read, its answers written, "
+                     "in its version", describe_version(self.client_version), describe_version(local_version()))
+
+    def _load_key(self, kind: str, data, **kwargs):
+        """A public context's section, in the version of its public key (one client, one SEAL): refused on its
+        header, before anything is inflated, when it is not."""
+        version = check_version(data)
+        if version != self.client_version:
+            raise WireError(f"the public context's {kind.replace('_', ' ')} are in SEAL format "
+                            f"{describe_version(version)}, its public key in {describe_version(self.client_version)}")
+        return self.seal.load(kind, data, **kwargs)
 
     def _load_input(self, data: bytes) -> tuple[list, int]:
         sections, samples = open_query(data, self.program, self.max_ciphertext_bytes)
         m = self.program.manifest
+        for section in sections:  # on the 16-byte header, before anything is inflated
+            version = check_version(section)
+            if version != self.client_version:
+                raise WireError(f"the query's SEAL format {describe_version(version)} differs from the public "
+                                f"context's {describe_version(self.client_version)}")
         cts = [self.seal.load("ciphertext", section) for section in sections]
         top = self.seal.context.first_parms_id()
         for ct in cts:
@@ -88,7 +110,7 @@ class CKKSServer:
         start = cts[0] if self.program.manifest.layout == "single" else cts
         result = execute(self.program, self._ops, start)
         outs = [result] if self.program.manifest.layout == "single" else result
-        dumped = [self.seal.dump(ct) for ct in outs]
+        dumped = [to_version(self.seal.dump(ct), self.client_version) for ct in outs]  # the client's SEAL reads it
         seconds = time.perf_counter() - t0
         after, store = self._ops.stats(), self.plaintext_store.stats()
         counts = {k: v - before[k] for k, v in after.items() if k != "plaintext_bytes"}

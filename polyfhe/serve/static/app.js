@@ -173,6 +173,7 @@ async function deleteKeys() {
 
 const canvas = () => $("draw");
 function clearCanvas() {
+  state.sourceImage = null;
   const ctx = canvas().getContext("2d");
   ctx.fillStyle = "#000";
   ctx.fillRect(0, 0, canvas().width, canvas().height);
@@ -182,7 +183,7 @@ function setupDrawing() {
   const ctx = c.getContext("2d");
   let drawing = false;
   const at = (e) => { const b = c.getBoundingClientRect(); return [(e.clientX - b.left) * c.width / b.width, (e.clientY - b.top) * c.height / b.height]; };
-  c.addEventListener("pointerdown", (e) => { drawing = true; ctx.beginPath(); ctx.moveTo(...at(e)); c.setPointerCapture(e.pointerId); });
+  c.addEventListener("pointerdown", (e) => { drawing = true; state.sourceImage = null; ctx.beginPath(); ctx.moveTo(...at(e)); c.setPointerCapture(e.pointerId); });
   c.addEventListener("pointermove", (e) => {
     if (!drawing) return;
     ctx.lineWidth = c.width / 12; ctx.lineCap = ctx.lineJoin = "round"; ctx.strokeStyle = "#fff";
@@ -202,6 +203,7 @@ async function drawFile(file) {
     const ctx = canvas().getContext("2d");
     ctx.imageSmoothingEnabled = image.width < canvas().width ? false : true;  // small images stay crisp
     ctx.drawImage(image, 0, 0, canvas().width, canvas().height);
+    state.sourceImage = image;  // the model gets the file itself, resized once (not the canvas's enlargement)
     say(`image ${file.name} (${image.width} x ${image.height}) loaded; it is encrypted before it leaves this page`);
   } catch (e) { fail(new ClientError(`cannot read ${file.name} as an image`)); }
 }
@@ -216,7 +218,7 @@ function canvasInput(spec) {
   small.width = width; small.height = height;
   const ctx = small.getContext("2d");
   ctx.imageSmoothingEnabled = true; ctx.imageSmoothingQuality = "high";
-  ctx.drawImage(canvas(), 0, 0, width, height);
+  ctx.drawImage(state.sourceImage || canvas(), 0, 0, width, height);
   const rgba = ctx.getImageData(0, 0, width, height).data;
   const out = new Float64Array(channels * height * width);
   for (let p = 0; p < height * width; p++) {

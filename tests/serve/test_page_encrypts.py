@@ -1,0 +1,141 @@
+"""The page as a client, in headless Chromium against a real ``polyfhe serve``: keys made in the page and kept in
+IndexedDB, an image dropped on the canvas, encrypted in the page, evaluated by the server, decrypted in the page;
+the class shown is the plaintext program's. Every request body the page sends is recorded and checked: public
+keys and ciphertexts only, never the secret key or the image in the clear."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from browserlib import CHROMIUM_FLAGS, SCREENSHOT_DIR_ENV, chromium_path, playwright_api
+from serve_testlib import TINY
+
+from polyfhe.program.wire import ALLOWED_SECTIONS, KIND_CIPHERTEXT, KIND_CONTEXT, MAGIC
+
+pytestmark = pytest.mark.browser
+
+SECRET_DATA_OFFSET = 16 + 48 + 16 + 8  # SEAL header, plaintext members, DynArray header and count
+READ_SECRET_KEYS = """async () => {
+  const db = await new Promise((ok, no) => { const q = indexedDB.open("polyfhe-keys", 1);
+                                             q.onsuccess = () => ok(q.result); q.onerror = () => no(q.error); });
+  const all = await new Promise((ok) => { const q = db.transaction("keys").objectStore("keys").getAll();
+                                          q.onsuccess = () => ok(q.result); });
+  db.close();
+  return all.map((r) => ({program_id: r.program_id, secret_key: Array.from(r.secret_key)}));
+}"""
+
+
+def _png(pixels: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, mode="L").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _container(body: bytes) -> tuple[bytes, dict]:
+    assert body.startswith(MAGIC), "a body that is not a polyfhe container"
+    kind = body[len(MAGIC): len(MAGIC) + 1]
+    (size,) = struct.unpack_from("<I", body, len(MAGIC) + 1)
+    start = len(MAGIC) + 5
+    return kind, json.loads(body[start: start + size])
+
+
+def _windows(data: bytes, width: int = 48, count: int = 64) -> list[bytes]:
+    step = max(1, (len(data) - width) // count)
+    return [data[i: i + width] for i in range(0, len(data) - width, step)][:count]
+
+
+def test_page_classifies_an_encrypted_image_and_sends_no_secret(server, programs, tmp_path):
+    executable, sync_playwright = chromium_path(), playwright_api()
+    shots = Path(os.environ.get(SCREENSHOT_DIR_ENV) or tmp_path)
+    program = programs[TINY]
+    pixels = (np.random.default_rng(5).random((8, 8)) * 255).astype(np.uint8)
+    image = tmp_path / "digit.png"
+    image.write_bytes(_png(pixels))
+    bodies: list[tuple[str, bytes]] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_FLAGS[1:],
+                                    env={**os.environ, "HOME": str(tmp_path)})
+        try:
+            context = browser.new_context(viewport={"width": 1250, "height": 1250})
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("request", lambda r: bodies.append((r.url, r.post_data_buffer or b""))
+                    if r.method == "POST" else None)
+            page.goto(server.url + "/")
+            page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+            page.select_option("#page-model", TINY)
+            page.wait_for_function(f"window.polyfhePage.spec && window.polyfhePage.spec.model === '{TINY}'")
+            assert "public keys to upload" in page.locator("#upload-size").inner_text()
+            page.screenshot(path=str(shots / "serve-page-before.png"), full_page=True)
+
+            def classify() -> tuple[int, np.ndarray, np.ndarray]:
+                before = page.locator("#result").get_attribute("data-done") or ""
+                page.click("#classify")
+                page.wait_for_function(f"(document.getElementById('result').dataset.done || '') !== {json.dumps(before)}"
+                                       " || !document.getElementById('page-error').hidden", timeout=120_000)
+                assert page.locator("#page-error").is_hidden(), page.locator("#page-error").inner_text()
+                shown = int(page.locator("#result").get_attribute("data-class"))
+                given = np.array(page.evaluate("Array.from(window.polyfhePage.lastInput)"))
+                logits = np.array(page.evaluate("Array.from(window.polyfhePage.lastLogits)"))
+                return shown, given, logits
+
+            page.set_input_files("#file", str(image))
+            shown, given, logits = classify()
+            np.testing.assert_allclose(given.reshape(8, 8), pixels / 255.0, atol=2.5 / 255)  # the image went in
+            plain = program.run_plain(given.reshape(1, 1, 8, 8))[0]
+            assert shown == int(plain.argmax())
+            np.testing.assert_allclose(logits, plain, atol=1e-2 * max(1.0, float(np.abs(plain).max())))
+            top = page.locator("#top li").first.inner_text()
+            assert f"class {shown}" in top and "%" in top
+            assert "server" in page.locator("#timings").inner_text()
+            page.screenshot(path=str(shots / "serve-page-after.png"), full_page=True)
+            sessions = [u for u, _ in bodies if u.endswith(f"/v1/sessions?model={TINY}")]
+            assert len(sessions) == 1
+
+            page.reload()  # the keys live in IndexedDB: the next visit reuses them and the server's session
+            page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+            page.select_option("#page-model", TINY)
+            page.wait_for_selector("#key-status[data-keys='saved']", timeout=30_000)
+            page.set_input_files("#file", str(image))
+            again, _, logits_again = classify()
+            assert again == shown
+            np.testing.assert_allclose(logits_again, plain, atol=1e-2 * max(1.0, float(np.abs(plain).max())))
+            assert len([u for u, _ in bodies if "/v1/sessions?model=" in u]) == 1  # no second key upload
+            saved = page.evaluate(READ_SECRET_KEYS)
+            assert [r["program_id"] for r in saved] == [program.program_id]
+            secret = bytes(saved[0]["secret_key"])
+
+            page.click("#delete-keys")
+            page.wait_for_selector("#key-status[data-keys='none']", timeout=30_000)
+            assert page.evaluate(READ_SECRET_KEYS) == []
+            assert not errors, errors
+        finally:
+            browser.close()
+
+    # every body the page sent: a public context or a ciphertext, and nothing of the secret key or the image
+    assert len(bodies) == 3  # one context, two queries
+    secret_windows = _windows(secret[SECRET_DATA_OFFSET:])
+    clear = [image.read_bytes(), pixels.tobytes()]
+    clear += [given.astype("<f8").tobytes()[i: i + 64] for i in range(0, len(given) * 8 - 64, 64)]
+    clear += [given.astype("<f4").tobytes()[i: i + 32] for i in range(0, len(given) * 4 - 32, 32)]
+    for url, body in bodies:
+        kind, header = _container(body)
+        names = [name for name, _ in header["sections"]]
+        if url.endswith(f"?model={TINY}"):
+            assert kind == KIND_CONTEXT and set(names) <= ALLOWED_SECTIONS[KIND_CONTEXT]
+            assert "secret_key" not in names
+        else:
+            assert kind == KIND_CIPHERTEXT and names == ["ct0"] and header["role"] == "input"
+        assert not any(w in body for w in secret_windows), f"the secret key is in a request to {url}"
+        assert not any(c in body for c in clear), f"the image is in the clear in a request to {url}"
+        assert set(header) <= {"program_id", "params", "params_full", "galois_steps", "client", "role", "count",
+                               "samples", "sections"}
