@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -25,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serve"))
-from browserlib import CHROMIUM_FLAGS, chromium_path, playwright_api
+from browserlib import headless_page
 from machine_info import machine_info
 from serve_testlib import start_server
 
@@ -97,14 +96,17 @@ def _summary(run: dict) -> dict:
 
 
 def _table(rows: list[dict], header: str) -> str:
-    lines = [header, ("| program | client | key generation s | public keys uploaded | cold query s (with upload) | "
-             "warm query s (median) | server s (median) | same class as the Python client |"),
-             "|---|---|---:|---:|---:|---:|---:|---|"]
+    lines = [header, ("| program | Galois keys | client | key generation s | public keys uploaded | cold query s "
+             "(with upload) | warm query s (median) | server s (median) | same class as the Python client |"),
+             "|---|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         for who in ("page", "python"):
             s = r[who + "_summary"]
-            agree = "" if who == "python" else f"{r['agree']} / {len(r['python']['queries'])}"
-            lines.append(f"| {r['model']} ({r['ring']}) | {'page (Chromium)' if who == 'page' else 'Python (baseline)'} | "
+            if s is None:
+                continue
+            agree = "" if who == "python" or r["agree"] is None else f"{r['agree']} / {len(r['python']['queries'])}"
+            lines.append(f"| {r['model']} ({r['ring']}) | {r['galois_keys']} | "
+                         f"{'page (Chromium)' if who == 'page' else 'Python (baseline)'} | "
                          f"{s['keygen_s']:.2f} | {s['upload_mb']:.1f} MB | {s['cold_s']:.2f} | {s['warm_s']:.2f} | "
                          f"{s['server_s']:.2f} | {agree} |")
     return "\n".join(lines) + "\n"
@@ -119,9 +121,10 @@ def _plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     x = np.arange(len(rows))
     for k, who in enumerate(("page", "python")):
-        axes[0].bar(x + (k - 0.5) * 0.38, [r[who + "_summary"]["warm_s"] for r in rows], 0.38,
-                    label="page (Chromium)" if who == "page" else "Python client")
-        axes[1].bar(x + (k - 0.5) * 0.38, [r[who + "_summary"]["upload_mb"] for r in rows], 0.38)
+        pick = [(i, r[who + "_summary"]) for i, r in enumerate(rows) if r[who + "_summary"] is not None]
+        at = np.array([i for i, _ in pick]) + (k - 0.5) * 0.38
+        axes[0].bar(at, [s["warm_s"] for _, s in pick], 0.38, label="page (Chromium)" if who == "page" else "Python client")
+        axes[1].bar(at, [s["upload_mb"] for _, s in pick], 0.38)
     for ax, label in zip(axes, ("warm query, end to end (s)", "public keys uploaded (MB)")):
         ax.set_xticks(x, [r["model"] for r in rows])
         ax.set_ylabel(label)
@@ -135,6 +138,9 @@ def _plot(rows: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--program", action="append", required=True, metavar="NAME=DIR", help="a CKKS program folder")
+    ap.add_argument("--python-only", action="append", default=[], metavar="NAME=DIR",
+                    help="a program measured with the Python client only (e.g. the same model exported without "
+                         "--for-browser: what composing rotations costs the server)")
     ap.add_argument("--images", type=Path, required=True, help=".npy of test images in [0, 1], shaped (n, ...)")
     ap.add_argument("--queries", type=int, default=3, help="images per client (the first is cold)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "browser_client")
@@ -146,16 +152,12 @@ def main(argv=None) -> int:
     try:
         programs = work / "programs"
         programs.mkdir()
-        for spec in args.program:
+        for spec in args.program + args.python_only:
             name, folder = spec.split("=", 1)
             shutil.copytree(folder, programs / name)
         server = start_server(programs, work / "server.log", "--max-context-mb", "2000", "--max-ciphertext-mb", "64")
         try:
-            sync_playwright = playwright_api()
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_FLAGS[1:],
-                                            env={**os.environ, "HOME": str(work)})
-                page = browser.new_page(viewport={"width": 1250, "height": 1100})
+            with headless_page(work, 1250, 1100) as (page, _errors):
                 page.goto(server.url + "/")
                 page.wait_for_selector("body[data-ready='1']", timeout=120_000)
                 for spec in args.program:
@@ -176,7 +178,14 @@ def main(argv=None) -> int:
                                  "galois_keys": model["galois_keys"], "page": page_run, "python": python_run,
                                  "page_summary": _summary(page_run), "python_summary": _summary(python_run),
                                  "agree": agree})
-                browser.close()
+            for spec in args.python_only:
+                name = spec.split("=", 1)[0]
+                model = next(m for m in ServeClient(server.url).models() if m["name"] == name)
+                images = all_images.reshape(len(all_images), -1)[: args.queries]
+                python_run = _python_run(server.url, name, images)
+                rows.append({"model": name, "ring": f"N={model['params']['poly_modulus_degree']}",
+                             "galois_keys": model["galois_keys"], "page": None, "python": python_run,
+                             "page_summary": None, "python_summary": _summary(python_run), "agree": None})
         finally:
             server.stop()
     finally:

@@ -5,6 +5,7 @@ When either is missing the test fails and says how to install it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -32,3 +33,19 @@ def playwright_api():
         pytest.fail("the web-page test needs playwright: pip install -e '.[dev,serve]' (the browser itself "
                     "comes from Debian's chromium package, not from playwright)", pytrace=False)
     return sync_playwright
+
+
+@contextlib.contextmanager
+def headless_page(home: Path, width: int, height: int):
+    """(page, page errors) in a fresh headless Chromium whose HOME is ``home``; closed on exit."""
+    executable, sync_playwright = chromium_path(), playwright_api()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_FLAGS[1:],
+                                    env={**os.environ, "HOME": str(home)})
+        try:
+            page = browser.new_context(viewport={"width": width, "height": height}).new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            yield page, errors
+        finally:
+            browser.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from browserlib import CHROMIUM_FLAGS, SCREENSHOT_DIR_ENV, chromium_path, playwright_api
+from browserlib import SCREENSHOT_DIR_ENV, headless_page
 from serve_testlib import TINY
 
 from polyfhe.program.wire import ALLOWED_SECTIONS, KIND_CIPHERTEXT, KIND_CONTEXT, MAGIC
@@ -53,73 +53,63 @@ def _windows(data: bytes, width: int = 48, count: int = 64) -> list[bytes]:
 
 
 def test_page_classifies_an_encrypted_image_and_sends_no_secret(server, programs, tmp_path):
-    executable, sync_playwright = chromium_path(), playwright_api()
     shots = Path(os.environ.get(SCREENSHOT_DIR_ENV) or tmp_path)
     program = programs[TINY]
     pixels = (np.random.default_rng(5).random((8, 8)) * 255).astype(np.uint8)
     image = tmp_path / "digit.png"
     image.write_bytes(_png(pixels))
     bodies: list[tuple[str, bytes]] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_FLAGS[1:],
-                                    env={**os.environ, "HOME": str(tmp_path)})
-        try:
-            context = browser.new_context(viewport={"width": 1250, "height": 1250})
-            page = context.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.on("request", lambda r: bodies.append((r.url, r.post_data_buffer or b""))
-                    if r.method == "POST" else None)
-            page.goto(server.url + "/")
-            page.wait_for_selector("body[data-ready='1']", timeout=60_000)
-            page.select_option("#page-model", TINY)
-            page.wait_for_function(f"window.polyfhePage.spec && window.polyfhePage.spec.model === '{TINY}'")
-            assert "public keys to upload" in page.locator("#upload-size").inner_text()
-            page.screenshot(path=str(shots / "serve-page-before.png"), full_page=True)
+    with headless_page(tmp_path, 1250, 1250) as (page, errors):
+        page.on("request", lambda r: bodies.append((r.url, r.post_data_buffer or b""))
+                if r.method == "POST" else None)
+        page.goto(server.url + "/")
+        page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+        page.select_option("#page-model", TINY)
+        page.wait_for_function(f"window.polyfhePage.spec && window.polyfhePage.spec.model === '{TINY}'")
+        assert "public keys to upload" in page.locator("#upload-size").inner_text()
+        page.screenshot(path=str(shots / "serve-page-before.png"), full_page=True)
 
-            def classify() -> tuple[int, np.ndarray, np.ndarray]:
-                before = page.locator("#result").get_attribute("data-done") or ""
-                page.click("#classify")
-                page.wait_for_function(f"(document.getElementById('result').dataset.done || '') !== {json.dumps(before)}"
-                                       " || !document.getElementById('page-error').hidden", timeout=120_000)
-                assert page.locator("#page-error").is_hidden(), page.locator("#page-error").inner_text()
-                shown = int(page.locator("#result").get_attribute("data-class"))
-                given = np.array(page.evaluate("Array.from(window.polyfhePage.lastInput)"))
-                logits = np.array(page.evaluate("Array.from(window.polyfhePage.lastLogits)"))
-                return shown, given, logits
+        def classify() -> tuple[int, np.ndarray, np.ndarray]:
+            before = page.locator("#result").get_attribute("data-done") or ""
+            page.click("#classify")
+            page.wait_for_function(f"(document.getElementById('result').dataset.done || '') !== {json.dumps(before)}"
+                                   " || !document.getElementById('page-error').hidden", timeout=120_000)
+            assert page.locator("#page-error").is_hidden(), page.locator("#page-error").inner_text()
+            shown = int(page.locator("#result").get_attribute("data-class"))
+            given = np.array(page.evaluate("Array.from(window.polyfhePage.lastInput)"))
+            logits = np.array(page.evaluate("Array.from(window.polyfhePage.lastLogits)"))
+            return shown, given, logits
 
-            page.set_input_files("#file", str(image))
-            shown, given, logits = classify()
-            np.testing.assert_allclose(given.reshape(8, 8), pixels / 255.0, atol=2.5 / 255)  # the image went in
-            plain = program.run_plain(given.reshape(1, 1, 8, 8))[0]
-            assert shown == int(plain.argmax())
-            np.testing.assert_allclose(logits, plain, atol=1e-2 * max(1.0, float(np.abs(plain).max())))
-            top = page.locator("#top li").first.inner_text()
-            assert f"class {shown}" in top and "%" in top
-            assert "server" in page.locator("#timings").inner_text()
-            page.screenshot(path=str(shots / "serve-page-after.png"), full_page=True)
-            sessions = [u for u, _ in bodies if u.endswith(f"/v1/sessions?model={TINY}")]
-            assert len(sessions) == 1
+        page.set_input_files("#file", str(image))
+        shown, given, logits = classify()
+        np.testing.assert_allclose(given.reshape(8, 8), pixels / 255.0, atol=2.5 / 255)  # the image went in
+        plain = program.run_plain(given.reshape(1, 1, 8, 8))[0]
+        assert shown == int(plain.argmax())
+        np.testing.assert_allclose(logits, plain, atol=1e-2 * max(1.0, float(np.abs(plain).max())))
+        top = page.locator("#top li").first.inner_text()
+        assert f"class {shown}" in top and "%" in top
+        assert "server" in page.locator("#timings").inner_text()
+        page.screenshot(path=str(shots / "serve-page-after.png"), full_page=True)
+        sessions = [u for u, _ in bodies if u.endswith(f"/v1/sessions?model={TINY}")]
+        assert len(sessions) == 1
 
-            page.reload()  # the keys live in IndexedDB: the next visit reuses them and the server's session
-            page.wait_for_selector("body[data-ready='1']", timeout=60_000)
-            page.select_option("#page-model", TINY)
-            page.wait_for_selector("#key-status[data-keys='saved']", timeout=30_000)
-            page.set_input_files("#file", str(image))
-            again, _, logits_again = classify()
-            assert again == shown
-            np.testing.assert_allclose(logits_again, plain, atol=1e-2 * max(1.0, float(np.abs(plain).max())))
-            assert len([u for u, _ in bodies if "/v1/sessions?model=" in u]) == 1  # no second key upload
-            saved = page.evaluate(READ_SECRET_KEYS)
-            assert [r["program_id"] for r in saved] == [program.program_id]
-            secret = bytes(saved[0]["secret_key"])
+        page.reload()  # the keys live in IndexedDB: the next visit reuses them and the server's session
+        page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+        page.select_option("#page-model", TINY)
+        page.wait_for_selector("#key-status[data-keys='saved']", timeout=30_000)
+        page.set_input_files("#file", str(image))
+        again, _, logits_again = classify()
+        assert again == shown
+        np.testing.assert_allclose(logits_again, plain, atol=1e-2 * max(1.0, float(np.abs(plain).max())))
+        assert len([u for u, _ in bodies if "/v1/sessions?model=" in u]) == 1  # no second key upload
+        saved = page.evaluate(READ_SECRET_KEYS)
+        assert [r["program_id"] for r in saved] == [program.program_id]
+        secret = bytes(saved[0]["secret_key"])
 
-            page.click("#delete-keys")
-            page.wait_for_selector("#key-status[data-keys='none']", timeout=30_000)
-            assert page.evaluate(READ_SECRET_KEYS) == []
-            assert not errors, errors
-        finally:
-            browser.close()
+        page.click("#delete-keys")
+        page.wait_for_selector("#key-status[data-keys='none']", timeout=30_000)
+        assert page.evaluate(READ_SECRET_KEYS) == []
+        assert not errors, errors
 
     # every body the page sent: a public context or a ciphertext, and nothing of the secret key or the image
     assert len(bodies) == 3  # one context, two queries
