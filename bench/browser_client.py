@@ -6,7 +6,7 @@ test images: the first query pays the upload (cold), the others reuse the sessio
 Python client (``ServeClient``, TenSEAL) does the same against the same server: the baseline, cold against cold
 and warm against warm. Writes browser_client.md, .json and .png to ``--out``.
 
-    python bench/browser_client.py --program digits8=PROGRAM_DIR --images images.npy --out docs/results/issue38
+    python bench/browser_client.py --program digits8=PROGRAM_DIR --images digits8=images.npy --out docs/results/issue38
 """
 
 from __future__ import annotations
@@ -141,12 +141,13 @@ def main(argv=None) -> int:
     ap.add_argument("--python-only", action="append", default=[], metavar="NAME=DIR",
                     help="a program measured with the Python client only (e.g. the same model exported without "
                          "--for-browser: what composing rotations costs the server)")
-    ap.add_argument("--images", type=Path, required=True, help=".npy of test images in [0, 1], shaped (n, ...)")
+    ap.add_argument("--images", action="append", required=True, metavar="NAME=FILE",
+                    help=".npy of test images in [0, 1], shaped (n, ...), for program NAME")
     ap.add_argument("--queries", type=int, default=3, help="images per client (the first is cold)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "browser_client")
     ap.add_argument("--screenshots", type=Path, help="folder for the page before and after the last program's query")
     args = ap.parse_args(argv)
-    all_images = np.load(args.images)
+    image_files = dict(item.split("=", 1) for item in args.images)
     work = Path(tempfile.mkdtemp(prefix="polyfhe-bench-page-"))
     rows = []
     try:
@@ -164,6 +165,7 @@ def main(argv=None) -> int:
                     name = spec.split("=", 1)[0]
                     model = next(m for m in ServeClient(server.url).models() if m["name"] == name)
                     size = int(np.prod(model["input_shape"]))
+                    all_images = np.load(image_files[name])
                     images = all_images.reshape(len(all_images), -1)
                     if images.shape[1] != size:
                         raise SystemExit(f"--images hold {images.shape[1]} values per image; {name} takes {size}")
@@ -181,6 +183,7 @@ def main(argv=None) -> int:
             for spec in args.python_only:
                 name = spec.split("=", 1)[0]
                 model = next(m for m in ServeClient(server.url).models() if m["name"] == name)
+                all_images = np.load(image_files[name])
                 images = all_images.reshape(len(all_images), -1)[: args.queries]
                 python_run = _python_run(server.url, name, images)
                 rows.append({"model": name, "ring": f"N={model['params']['poly_modulus_degree']}",

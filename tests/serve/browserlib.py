@@ -9,6 +9,7 @@ import contextlib
 import os
 import shutil
 from pathlib import Path
+from typing import Self
 
 import pytest
 
@@ -49,3 +50,52 @@ def headless_page(home: Path, width: int, height: int):
             yield page, errors
         finally:
             browser.close()
+
+
+class RecordingProxy:
+    """A loopback HTTP proxy in front of a server that keeps every request body it forwards: what the page really
+    sent, whatever the browser does with large bodies (it streams Blobs, which playwright's request events omit)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target.rstrip("/")
+        self.bodies: list[tuple[str, str, bytes]] = []  # (method, path, body)
+
+    def __enter__(self) -> Self:
+        import http.server
+        import threading
+
+        import httpx
+
+        proxy = self
+        client = httpx.Client(timeout=600)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.command != "GET":
+                    proxy.bodies.append((self.command, self.path, body))
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
+                answer = client.request(self.command, proxy.target + self.path, content=body, headers=headers)
+                self.send_response(answer.status_code)
+                for key in ("content-type", "x-polyfhe-server-seconds", "retry-after"):
+                    if key in answer.headers:
+                        self.send_header(key, answer.headers[key])
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            do_GET = do_POST = do_DELETE = _forward
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._client = client
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._client.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from browserlib import SCREENSHOT_DIR_ENV, headless_page
+from browserlib import SCREENSHOT_DIR_ENV, RecordingProxy, headless_page
 from serve_testlib import TINY
 
 from polyfhe.program.wire import ALLOWED_SECTIONS, KIND_CIPHERTEXT, KIND_CONTEXT, MAGIC
@@ -58,11 +58,9 @@ def test_page_classifies_an_encrypted_image_and_sends_no_secret(server, programs
     pixels = (np.random.default_rng(5).random((8, 8)) * 255).astype(np.uint8)
     image = tmp_path / "digit.png"
     image.write_bytes(_png(pixels))
-    bodies: list[tuple[str, bytes]] = []
-    with headless_page(tmp_path, 1250, 1250) as (page, errors):
-        page.on("request", lambda r: bodies.append((r.url, r.post_data_buffer or b""))
-                if r.method == "POST" else None)
-        page.goto(server.url + "/")
+    with RecordingProxy(server.url) as proxy, headless_page(tmp_path, 1250, 1250) as (page, errors):
+        bodies = proxy.bodies  # every body that reached the server, as the page sent it
+        page.goto(proxy.url + "/")
         page.wait_for_selector("body[data-ready='1']", timeout=60_000)
         page.select_option("#page-model", TINY)
         page.wait_for_function(f"window.polyfhePage.spec && window.polyfhePage.spec.model === '{TINY}'")
@@ -90,7 +88,7 @@ def test_page_classifies_an_encrypted_image_and_sends_no_secret(server, programs
         assert f"class {shown}" in top and "%" in top
         assert "server" in page.locator("#timings").inner_text()
         page.screenshot(path=str(shots / "serve-page-after.png"), full_page=True)
-        sessions = [u for u, _ in bodies if u.endswith(f"/v1/sessions?model={TINY}")]
+        sessions = [u for _, u, _ in bodies if u.endswith(f"/v1/sessions?model={TINY}")]
         assert len(sessions) == 1
 
         page.reload()  # the keys live in IndexedDB: the next visit reuses them and the server's session
@@ -101,7 +99,7 @@ def test_page_classifies_an_encrypted_image_and_sends_no_secret(server, programs
         again, _, logits_again = classify()
         assert again == shown
         np.testing.assert_allclose(logits_again, plain, atol=1e-2 * max(1.0, float(np.abs(plain).max())))
-        assert len([u for u, _ in bodies if "/v1/sessions?model=" in u]) == 1  # no second key upload
+        assert len([u for _, u, _ in bodies if "/v1/sessions?model=" in u]) == 1  # no second key upload
         saved = page.evaluate(READ_SECRET_KEYS)
         assert [r["program_id"] for r in saved] == [program.program_id]
         secret = bytes(saved[0]["secret_key"])
@@ -112,12 +110,14 @@ def test_page_classifies_an_encrypted_image_and_sends_no_secret(server, programs
         assert not errors, errors
 
     # every body the page sent: a public context or a ciphertext, and nothing of the secret key or the image
-    assert len(bodies) == 3  # one context, two queries
+    posts = [(url, body) for method, url, body in bodies if method == "POST"]
+    assert len(posts) == 3  # one context, two queries (the DELETE of "Delete my keys" has no body)
+    assert all(not body for method, _, body in bodies if method != "POST")
     secret_windows = _windows(secret[SECRET_DATA_OFFSET:])
     clear = [image.read_bytes(), pixels.tobytes()]
     clear += [given.astype("<f8").tobytes()[i: i + 64] for i in range(0, len(given) * 8 - 64, 64)]
     clear += [given.astype("<f4").tobytes()[i: i + 32] for i in range(0, len(given) * 4 - 32, 32)]
-    for url, body in bodies:
+    for url, body in posts:
         kind, header = _container(body)
         names = [name for name, _ in header["sections"]]
         if url.endswith(f"?model={TINY}"):

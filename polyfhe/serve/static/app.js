@@ -149,7 +149,7 @@ async function ensureSession() {
   say(`uploading ${mb(context.length)} of public keys…`);
   const t0 = performance.now();
   const answer = await (await api(`/v1/sessions?model=${encodeURIComponent(state.model.name)}`, {
-    method: "POST", headers: { "Content-Type": "application/octet-stream" }, body: context })).json();
+    method: "POST", headers: { "Content-Type": "application/octet-stream" }, body: new Blob([context]) })).json();
   if (answer.program_id !== state.spec.program_id) throw new ClientError("the server opened a session for another program");
   state.timings.upload_ms = performance.now() - t0;
   state.timings.context_bytes = context.length;
