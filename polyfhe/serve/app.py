@@ -132,8 +132,12 @@ class _CountRequests:
 
 
 def _with_browser(model: Model) -> dict:
+    """The model card with whether the web page can be its client, and the bytes its keys then upload (seeded)."""
     supported, why = browser_support(model)
-    return {**model.describe(), "browser": supported, "browser_client": why}
+    card = {**model.describe(), "browser": supported, "browser_client": why}
+    if supported:
+        card["key_sizes"]["page_public_context_bytes"] = client_spec(model)["upload"]["public_context_bytes"]
+    return card
 
 
 def _error_response(exc: ApiError) -> JSONResponse:

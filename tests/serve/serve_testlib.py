@@ -43,7 +43,7 @@ def free_port() -> int:
 
 
 def start_server(programs: Path, log: Path, *flags: str, scheme: str = "http",
-                 ca_file: Path | None = None) -> ServerProcess:
+                 ca_file: Path | None = None, startup_s: float = STARTUP_S) -> ServerProcess:
     """``polyfhe serve`` in a subprocess on a free loopback port, once ``/healthz`` answers (over HTTPS with
     ``scheme="https"``, trusting ``ca_file``)."""
     port = free_port()
@@ -54,7 +54,7 @@ def start_server(programs: Path, log: Path, *flags: str, scheme: str = "http",
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
     server = ServerProcess(f"{scheme}://127.0.0.1:{port}", proc, log)
     verify = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else True
-    deadline = time.monotonic() + STARTUP_S
+    deadline = time.monotonic() + startup_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log_text()}")
@@ -65,4 +65,4 @@ def start_server(programs: Path, log: Path, *flags: str, scheme: str = "http",
             pass
         time.sleep(0.2)
     server.stop()
-    raise RuntimeError(f"server did not answer /healthz within {STARTUP_S} s:\n{server.log_text()}")
+    raise RuntimeError(f"server did not answer /healthz within {startup_s} s:\n{server.log_text()}")

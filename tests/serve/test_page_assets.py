@@ -89,3 +89,20 @@ def test_card_class_names_and_normalisation_reach_the_spec(programs):
     assert spec["classes"] == names and spec["input"]["mean"] == 0.5 and spec["input"]["std"] == 0.25
     wrong = client_spec(Model(TINY, programs[TINY], {"class_names": ["only", "two"]}))
     assert wrong["classes"] == [f"class {i}" for i in range(4)]  # a list of the wrong length is not used
+
+
+def test_every_static_file_ships_in_the_package():
+    """package-data must name each file the page loads: an installed (non-editable) polyfhe serves them too."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    globs = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]["polyfhe.serve"]
+
+    def shipped(path: str) -> bool:
+        parts = path.split("/")
+        return any(len(g.split("/")) == len(parts) and all(map(fnmatch.fnmatch, parts, g.split("/"))) for g in globs)
+
+    names = [f"static/{name}" for name in static_names()]
+    assert names and all(shipped(n) for n in names), [n for n in names if not shipped(n)]
