@@ -17,6 +17,7 @@ import os
 import struct
 from collections.abc import Iterable
 
+from polyfhe.engines.seal.memfile import memory_file, read_all
 from polyfhe.engines.seal.sealbytes import (
     CT_MEMBERS,
     HEADER,
@@ -59,10 +60,11 @@ def __getattr__(name: str):
 def local_version() -> Version:
     """The (major, minor) this process's SEAL writes, read once from the header of an object it saves: the
     installed TenSEAL decides it, not this file."""
-    from polyfhe.engines.seal.context import _memory_file, require_tenseal  # context imports this module
-
-    sa = require_tenseal()
-    with _memory_file() as (fd, path):
+    try:
+        import tenseal.sealapi as sa
+    except ImportError as exc:  # pragma: no cover - tenseal is a core dependency
+        raise ImportError("CKKS needs TenSEAL: pip install 'tenseal==0.3.18'") from exc
+    with memory_file() as (fd, path):
         sa.EncryptionParameters(sa.SCHEME_TYPE.NONE).save(path)
         magic, _, major, minor = HEADER.unpack(os.pread(fd, HEADER.size, 0))[:4]
     if magic != MAGIC:
@@ -122,9 +124,7 @@ def to_version(data: bytes, version: Version) -> bytes:
         return data
     if version not in accepted_versions():
         raise ValueError(f"SEAL format {describe_version(version)} is not one this process reads and writes")
-    from polyfhe.engines.seal.context import _memory_file, _read_all  # context imports this module
-
-    with _memory_file() as (fd, _):
+    with memory_file() as (fd, _):
         inflate_into(fd, data, _TRUSTED_CAP, "result ciphertext")
         rewrite_headers(fd, (0, HEADER.size + CT_MEMBERS), version)
-        return _read_all(fd)
+        return read_all(fd)

@@ -9,12 +9,13 @@ import sys
 import pytest
 
 from polyfhe.engines.seal import context as seal_backend
+from polyfhe.engines.seal import memfile
 
 
 def test_linux_memory_file_has_no_directory_entry():
     if not (hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")):
         pytest.skip("memfd_create and /proc only on Linux")
-    with seal_backend._memory_file() as (fd, path):
+    with memfile.memory_file() as (fd, path):
         assert path == f"/proc/self/fd/{fd}"
         assert "memfd:" in os.readlink(path)
 
@@ -23,17 +24,17 @@ def test_linux_memory_file_has_no_directory_entry():
 def test_fallback_file_is_private_and_removed(monkeypatch, tmp_path):
     """Off Linux: a 0600 file in a fresh 0700 directory, both gone when the block ends (also on error)."""
     monkeypatch.delattr(os, "memfd_create", raising=False)
-    monkeypatch.setattr(seal_backend.tempfile, "tempdir", str(tmp_path))
-    with seal_backend._memory_file() as (fd, path):
+    monkeypatch.setattr(memfile.tempfile, "tempdir", str(tmp_path))
+    with memfile.memory_file() as (fd, path):
         os.write(fd, b"secret")
         directory = os.path.dirname(path)
         assert os.path.dirname(directory) == str(tmp_path)
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
         assert os.listdir(directory) == [os.path.basename(path)]
-        assert seal_backend._read_all(fd) == b"secret"
+        assert memfile.read_all(fd) == b"secret"
     assert not os.path.exists(directory)
-    with pytest.raises(RuntimeError), seal_backend._memory_file() as (fd, path):
+    with pytest.raises(RuntimeError), memfile.memory_file() as (fd, path):
         raise RuntimeError("boom")
     assert os.listdir(tmp_path) == []
 
@@ -47,7 +48,7 @@ def test_secret_key_round_trips_through_the_fallback(monkeypatch, tmp_path):
     secret = seal.sa.KeyGenerator(seal.context).secret_key()
     in_memory = seal.dump(secret)
     monkeypatch.delattr(os, "memfd_create", raising=False)
-    monkeypatch.setattr(seal_backend.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(memfile.tempfile, "tempdir", str(tmp_path))
     data = seal.dump(secret)
     loaded = seal.load("secret_key", data)
     assert data == in_memory
