@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                    "lowered": report.lowered_by(compiler), "lowered_engine": compiler, "require_lowered": required}
         print(json.dumps(payload))
     else:
-        _render(target, report, failures, compiler)
+        _render(target, report, failures, compiler, limits)
     if failures:
         return EXIT_NOT_POLYNOMIAL
     return EXIT_NOT_LOWERED if required and not report.lowered_by(compiler) else EXIT_OK
@@ -117,7 +117,8 @@ def _fail(target: str, message: str, as_json: bool) -> int:
     return EXIT_BAD_INPUT
 
 
-def _render(target: str, report: AnalysisReport, failures: tuple[str, ...], compiler: str) -> None:
+def _render(target: str, report: AnalysisReport, failures: tuple[str, ...], compiler: str,
+            limits: dict[str, int | None] | None = None) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -147,8 +148,13 @@ def _render(target: str, report: AnalysisReport, failures: tuple[str, ...], comp
         console.print(_grouped_table(report.violations, f"{len(report.violations)} violation(s)"))
     for failure in failures if report.polynomial else ():
         console.print(f"[red]over limit:[/red] {escape(failure)}")
-    within = "[green]yes[/green]" if not failures else "[red]no[/red]"
-    console.print(f"within limits: {within}")
+    given = {name: value for name, value in (limits or {}).items() if value is not None}
+    if given and report.polynomial:
+        within = "[green]yes[/green]" if not failures else "[red]no[/red]"
+        stated = ", ".join(f"{name.removeprefix('max_')} <= {value}" for name, value in given.items())
+        console.print(f"within limits ({stated}): {within}")
+    elif not given:
+        console.print("limits: none given (--max-degree, --max-depth, --max-levels)")
     if report.polynomial:
         unlowered = report.not_lowered_by(compiler)
         lowered = "[green]yes[/green]" if not unlowered else f"[red]no[/red] ({len(unlowered)} node(s))"

@@ -150,8 +150,11 @@ def run_models(args: argparse.Namespace) -> int:
         return 0
     for m in models:
         acc = "" if m.get("accuracy") is None else f", accuracy {m['accuracy']:.1%}"
-        print(f"{m['name']}: {m.get('model_name')} input {'x'.join(map(str, m['input_shape']))}, {m['classes']} "
-              f"classes, degree {m.get('degree')}, levels {m['depth']}/{m['levels']}{acc}; {m['params_text']}")
+        engine = m.get("engine") or "engine not stated"
+        levels = f", levels {m['depth']}/{m['levels']}" if "levels" in m else ""
+        print(f"{m['name']} ({m.get('scheme', 'ckks').upper()} on {engine}): {m.get('model_name')} input "
+              f"{'x'.join(map(str, m['input_shape']))}, {m['classes']} classes, degree {m.get('degree')}{levels}"
+              f"{acc}; {m['params_text']}")
     return 0
 
 

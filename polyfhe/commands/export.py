@@ -369,6 +369,7 @@ def summary_table(program: Any, out: Path, name: str) -> Any:
 
     m = program.manifest
     info, p = m.info, m.params
+    from polyfhe.program.engines import public_context_bytes
     from polyfhe.program.params import estimated_sizes
 
     sizes = estimated_sizes(p, len(m.galois_steps))
@@ -392,7 +393,8 @@ def summary_table(program: Any, out: Path, name: str) -> Any:
         ("calibration", f"{info.get('samples', 0)} samples, inputs in "
          f"[{m.input_range[0]:.3g}, {m.input_range[1]:.3g}]" if info.get("calibrated")
          else "none (assumed inputs in [0, 1])"),
-        ("program on disk", _mb(disk)), ("public context (est.)", f"~{_mb(sizes['public_context'])}"),
+        ("program on disk", _mb(disk)),
+        ("public context (est.)", f"~{_mb(public_context_bytes(m))} as uploaded, {_mb(sizes['public_context'])} in memory"),
         ("input ciphertexts (est.)", f"~{_mb(sizes['ciphertext'] * ciphertexts)}"),
     ]
     table = Table(title="CKKS program", show_header=False)

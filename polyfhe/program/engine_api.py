@@ -100,6 +100,9 @@ class Backend:
     # bytes a valid public context of ``upload`` bytes takes once decoded (compressed keys inflate): what a
     # server's key budget must count; ``None``: the upload size (the engine's keys travel uncompressed)
     decoded_context_bytes: Callable[[Any, int], int] | None = None
+    # (params, Galois steps) -> bytes of the public context as the engine's client serialises it: what an upload
+    # costs; ``None``: the uncompressed estimate (``polyfhe.program.params.estimated_sizes``)
+    context_bytes: Callable[[Any, Any], int] | None = None
     # the Python distributions that carry the engine (their versions key the cached operation costs), and what
     # else changes its speed on this build (e.g. SEAL's dot kernel on or off), as "name=value" text
     distributions: tuple[str, ...] = ()

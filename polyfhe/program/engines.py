@@ -16,7 +16,8 @@ from typing import Any
 from polyfhe.program.engine_api import Backend, BackendUnavailable, KeySetTooLarge
 
 __all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "KeySetTooLarge", "client_for",
-           "get_backend", "list_backends", "prepare_process", "restore_client", "warm_plaintexts"]
+           "get_backend", "list_backends", "prepare_process", "public_context_bytes", "restore_client",
+           "warm_plaintexts"]
 
 # name -> module defining ``BACKEND``; imported on first use so a missing engine only fails when it is asked for
 _MODULES = {"seal": "polyfhe.engines.seal.engine", "lattigo": "polyfhe.engines.lattigo.engine"}
@@ -83,6 +84,17 @@ def decoded_context_bytes(program, upload: int) -> int:
         return upload  # Concrete ML's evaluation keys travel as they sit in memory
     measure = get_backend(program.manifest.backend).decoded_context_bytes
     return upload if measure is None else measure(program, upload)
+
+
+def public_context_bytes(manifest) -> int:
+    """Estimated bytes of a public context for a CKKS program's manifest as its engine's client serialises it
+    (SEAL compresses its keys); the uncompressed size where the engine gives no estimate of its own."""
+    from polyfhe.program.params import estimated_sizes
+
+    measure = get_backend(manifest.backend).context_bytes
+    if measure is None:
+        return estimated_sizes(manifest.params, len(manifest.galois_steps))["public_context"]
+    return measure(manifest.params, manifest.galois_steps)
 
 
 def warm_plaintexts(program) -> tuple[int, float, int]:

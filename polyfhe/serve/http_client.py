@@ -171,6 +171,13 @@ class ServeClient:
                 # application, so sending it once more on a fresh connection is safe.
                 log.info("%s %s: connection closed before a response; sending once more", method, path)
                 return self._http.request(method, path, **_streamed(kwargs, progress))
+        except httpx.ConnectError as exc:
+            raise ServeError(0, "unreachable", f"{method} {self.url}{path} failed: {exc}; is the server running "
+                             f"and listening at {self.url}? (start one with `polyfhe serve PROGRAMS_DIR`, or name "
+                             "another with --server URL)") from exc
+        except httpx.TimeoutException as exc:
+            raise ServeError(0, "unreachable", f"{method} {self.url}{path} timed out: {exc}; the server may be "
+                             "overloaded or unreachable (`client infer --timeout S` waits longer)") from exc
         except httpx.HTTPError as exc:
             raise ServeError(0, "unreachable", f"{method} {self.url}{path} failed: {exc}") from exc
 

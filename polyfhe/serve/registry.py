@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polyfhe.program.engines import public_context_bytes
 from polyfhe.program.manifest import ProgramError
 from polyfhe.program.params import estimated_sizes as params_sizes
 from polyfhe.runtime.plaintexts import DEFAULT_PLAINTEXT_BYTES, store_with_budget
@@ -82,12 +83,14 @@ class Model:
         m, p = self.program.manifest, self.program.params
         sizes = estimated_sizes(self.program)
         out = {
-            "name": self.name, "scheme": "ckks", "program_id": m.program_id, "model_name": m.model_name,
+            "name": self.name, "scheme": "ckks", "engine": m.backend, "program_id": m.program_id,
+            "model_name": m.model_name,
             "layout": m.layout, "input_shape": list(m.input_shape), "classes": m.output_size,
             "degree": m.degree, "depth": m.depth, "levels": p.levels,
             "params": p.to_dict(), "params_text": p.describe(), "galois_keys": len(m.galois_steps),
             "input_range": list(m.input_range),
-            "key_sizes": {"estimated_public_context_bytes": sizes["public_context"],
+            "key_sizes": {"estimated_public_context_bytes": public_context_bytes(m),
+                          "estimated_decoded_public_context_bytes": sizes["public_context"],
                           "estimated_galois_keys_bytes": sizes["galois_keys"],
                           "estimated_relin_keys_bytes": sizes["relin_keys"],
                           "observed_public_context_bytes": self.observed_context_bytes},
@@ -116,7 +119,8 @@ class Model:
 
 
 class Registry:
-    """Loads every program under a folder once, at start-up; a broken one is skipped with a warning."""
+    """Loads every program under a folder once, at start-up; a broken one is skipped and named in ``skipped``
+    (with the reason), which the caller reports."""
 
     def __init__(self, root: Path, plaintext_cache_bytes: int | None = None) -> None:
         """``plaintext_cache_bytes``: budget of each program's plaintext store, shared by the sessions of that
@@ -148,7 +152,7 @@ class Registry:
         name = folder.name
         if not NAME_PATTERN.match(name):
             self.skipped[name] = "folder name must be 1-64 letters, digits, '.', '_' or '-'"
-            log.warning("skipping program folder %r: %s", name, self.skipped[name])
+            log.info("skipping program folder %r: %s", name, self.skipped[name])  # callers report ``skipped``
             return
         from polyfhe.engines.concrete import (
             ConcreteEnvMissing,
@@ -168,7 +172,7 @@ class Registry:
             program = load_program(folder)
         except (ProgramError, ConcreteProgramError, ConcreteEnvMissing) as exc:
             self.skipped[name] = str(exc)
-            log.warning("skipping program %s: %s", name, exc)
+            log.info("skipping program %s: %s", name, exc)  # callers report ``skipped`` (serve prints it once)
             return
         self.models[name] = Model(name, program, _read_card(folder))
         log.info("serving model %s (program %s, %s)", name, program.program_id, program.params.describe())

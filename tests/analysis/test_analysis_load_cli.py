@@ -145,10 +145,14 @@ def test_cli_exit_2_unreadable(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_cli_human_report(poly_path: Path, relu_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(["check", str(poly_path)]) == 0
     text = capsys.readouterr().out
-    assert "polynomial" in text and "degree" in text and "within limits" in text
+    assert "polynomial" in text and "degree" in text and "limits: none given" in text
+    assert "within limits" not in text  # no limit was given: no verdict on limits
+    assert _run(["check", str(poly_path), "--max-degree", "50", "--max-levels", "50"]) == 0
+    assert "within limits (degree <= 50, levels <= 50): yes" in capsys.readouterr().out
     assert _run(["check", str(relu_path)]) == 1
     text = capsys.readouterr().out
     assert "NOT polynomial" in text and "act" in text and "Relu" in text
+    assert "within limits" not in text  # the verdict is "NOT polynomial", not a limit
 
 
 def test_cli_zoo_name_without_exporter(monkeypatch: pytest.MonkeyPatch, capsys) -> None:

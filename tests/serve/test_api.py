@@ -117,7 +117,7 @@ def test_cli_client_errors_are_clear(server, tmp_path, capsys):
     assert main(["client", "models", "--server", "http://127.0.0.1:9", "--json"]) == 1
     assert "unreachable" in capsys.readouterr().err
     assert main(["client", "models", "--server", server.url]) == 0
-    assert "tiny:" in capsys.readouterr().out
+    assert "tiny (CKKS on seal):" in capsys.readouterr().out
 
 
 def test_python_client_refuses_insecure_manifest(server, programs):

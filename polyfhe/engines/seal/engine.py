@@ -45,6 +45,12 @@ def _decoded_context_bytes(program, upload: int) -> int:
     return max(upload, decoded_context_bytes(n, len(program.params.coeff_mod_bits), len(elements)))
 
 
+def _context_bytes(params, galois_steps) -> int:
+    from polyfhe.engines.seal.wiresize import public_context_bytes
+
+    return public_context_bytes(params, galois_steps)
+
+
 def _server(program, public_context: bytes, **kwargs):
     from polyfhe.engines.seal.server import CKKSServer
 
@@ -95,5 +101,6 @@ def _build_notes() -> str:
 
 BACKEND = Backend("seal", "Microsoft SEAL 4.x through TenSEAL's sealapi", ("single", "batch"), _available, _prepare,
                   _client, _server, restore=_restore, decoded_context_bytes=_decoded_context_bytes,
+                  context_bytes=_context_bytes,
                   distributions=("tenseal",), build_notes=_build_notes, workload=_workload, probes=_probes,
                   server_imports=SERVER_IMPORTS, cost=COST, warm_plaintexts=_warm_plaintexts)
