@@ -94,6 +94,10 @@ def load_program(directory: str | Path) -> CKKSProgram:
     """Load and verify a program saved by :meth:`CKKSProgram.save` (or a Concrete ML program's ``save``: then a
     :class:`~polyfhe.engines.concrete.program.ConcreteProgram`)."""
     root = Path(directory)
+    if not root.is_dir():
+        what = "is a file, not a program folder" if root.exists() else "does not exist"
+        raise ProgramError(f"{root} {what}; a CKKS program is a folder holding manifest.json and arrays.npz "
+                           "(create one with `polyfhe export MODEL --target ckks --out DIR`)")
     other = load_other_format(root)
     if other is not None:
         return other
