@@ -1,13 +1,15 @@
 """Checked ONNX export: fold -> ``torch.onnx.export`` -> ``onnx.checker`` -> onnxruntime parity -> analyzer.
 
 An export that does not reproduce the torch model in onnxruntime, or whose graph is not add/mul-only on the
-input, raises instead of leaving a file that would fail later in the CKKS compiler.
+input, raises instead of leaving a file that would fail later in the CKKS compiler: the graph is written to a
+temporary file beside the destination and moved there only when every check passed.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import os
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 
 from polyfhe.analysis import AnalysisReport, analyze
+from polyfhe.analysis.hints import remedy
 from polyfhe.ort_providers import inference_session
 
 log = logging.getLogger(__name__)
@@ -82,11 +85,31 @@ def export_onnx(
     ``allow_nonfinite`` is for structural checks of randomly initialised deep models, whose outputs overflow
     (degree 2^68 and more): parity is then skipped with a warning and ``max_rel_error`` is NaN.
     """
-    from polyfhe.folding import fold
-
     shape = resolve_input_shape(model, input_shape)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # Written next to its destination and moved there only once every check passed: a refused export leaves
+    # no file behind (nor replaces an earlier good one).
+    fd, name = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".onnx.partial", dir=path.parent)
+    os.close(fd)
+    partial = Path(name)
+    try:
+        rel, report = _export_checked(model, partial, shape, opset, fold_first, rtol, require_polynomial,
+                                      parity_batch, allow_nonfinite)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    log.info("exported %s to %s (opset %d, rel err %.2e, degree %s, levels %s)",
+             type(model).__name__, path, opset, rel, report.degree, report.levels)
+    return OnnxExport(path, opset, shape, rel, report)
+
+
+def _export_checked(model: nn.Module, path: Path, shape: tuple[int, ...], opset: int, fold_first: bool,
+                    rtol: float, require_polynomial: bool, parity_batch: int,
+                    allow_nonfinite: bool) -> tuple[float, AnalysisReport]:
+    """Export to ``path`` and run the checks; returns (max relative error, analysis) or raises ExportError."""
+    from polyfhe.folding import fold
+
     # Work on copies: .eval() and .float() act in place, and the caller's model must come back unchanged.
     reference = copy.deepcopy(model).eval().float()
     folded = (fold(model, input_shape=shape) if fold_first else copy.deepcopy(model)).eval().float()
@@ -106,12 +129,13 @@ def export_onnx(
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as exc:
-        raise ExportError(f"onnx.checker rejected {path}: {exc}") from exc
+        raise ExportError(f"onnx.checker rejected the exported graph: {exc}") from exc
     got = _onnxruntime_outputs(path, x.numpy())
     if not np.isfinite(expected).all():
         if not allow_nonfinite:
             raise ExportError("the torch model's output is not finite on uniform [0, 1) inputs; cannot check parity")
-        log.warning("%s: output overflows on random inputs (untrained deep model?); parity not checked", path.name)
+        log.warning("%s: output overflows on random inputs (untrained deep model?); parity not checked",
+                    type(model).__name__)
         rel = float("nan")
     else:
         scale = max(float(np.abs(expected).max()), 1e-30)
@@ -121,10 +145,10 @@ def export_onnx(
     report = analyze(proto)
     if require_polynomial and not report.polynomial:
         offenders = ", ".join(f"{v.node} ({v.op})" for v in report.violations[:10])
-        raise ExportError(f"exported graph is not polynomial on its input: {offenders}")
-    log.info("exported %s to %s (opset %d, rel err %.2e, degree %s, levels %s)",
-             type(model).__name__, path, opset, rel, report.degree, report.levels)
-    return OnnxExport(path, opset, shape, rel, report)
+        hint = remedy(report.violations)
+        raise ExportError(f"exported graph is not polynomial on its input: {offenders}; no file was written"
+                          + (f"\nThe way in: {hint}" if hint else ""))
+    return rel, report
 
 
 def export_onnx_file(model: nn.Module, path: str | Path | None = None,

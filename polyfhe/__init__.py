@@ -31,6 +31,7 @@ _LAZY = {
     "create_model": "polyfhe.models.registry", "list_models": "polyfhe.models.registry",
     "model_entry": "polyfhe.models.registry",
     "symbolic": "polyfhe.expansion",
+    "polynomialize": "polyfhe.training.polynomialize",
     "train": "polyfhe.training",
 }
 
@@ -70,5 +71,6 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "EXPORT_TARGETS", "AnalysisReport", "CKKSProgram", "FoldError", "__version__", "analyze", "calibrate",
-    "create_model", "export", "fold", "list_models", "load_program", "model_entry", "symbolic", "train",
+    "create_model", "export", "fold", "list_models", "load_program", "model_entry", "polynomialize", "symbolic",
+    "train",
 ]

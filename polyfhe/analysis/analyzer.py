@@ -27,6 +27,7 @@ import onnx
 from polyfhe.analysis import rules as _rules  # noqa: F401  (registers the built-in rules)
 from polyfhe.analysis.constants import ConstantFolder, is_public_shape_op
 from polyfhe.analysis.graph import implicit_inputs, node_label, topological_order
+from polyfhe.analysis.hints import ACTIVATION_OPS, POOLING_OPS
 from polyfhe.analysis.loader import ModelLike, default_opset, load_model
 from polyfhe.analysis.registry import (
     CKKS_COMPILER,
@@ -137,8 +138,12 @@ class _Analysis:
         rule = get_rule(node.domain, node.op_type)
         if rule is None:
             allowed = ", ".join(allowed_ops())
+            way_in = (" (polyfhe.polynomialize(model, data=...) replaces it with a trainable polynomial)"
+                      if node.op_type in ACTIVATION_OPS else
+                      " (polyfhe.polynomialize(model, data=...) replaces it with average pooling)"
+                      if node.op_type in POOLING_OPS else "")
             self._violate(label, node, f"{qualified} has no polynomial rule and cannot be applied to encrypted "
-                          f"values; allowed on encrypted values: {allowed}")
+                          f"values{way_in}; allowed on encrypted values: {allowed}")
             return failed
         ctx = NodeContext(node=node, label=label, inputs=inputs, folder=self.folder, opset=self.opset)
         try:

@@ -18,8 +18,12 @@ def run(state: CompileState) -> None:
 
         state.report = analyze(state.proto)
     if not state.report.polynomial:
+        from polyfhe.analysis.hints import remedy
+
         shown = "; ".join(f"{v.node} ({v.op}): {v.reason}" for v in state.report.violations[:8])
-        raise CKKSExportError(f"{state.name} is not polynomial, so it cannot run under CKKS: {shown}")
+        hint = remedy(state.report.violations)
+        raise CKKSExportError(f"{state.name} is not polynomial, so it cannot run under CKKS: {shown}"
+                              + (f"\nThe way in: {hint}" if hint else ""))
     missing = state.report.not_lowered_by("ckks")
     if missing:
         shown = "; ".join(f"{entry.node} ({entry.op}): {entry.reason}" for entry in missing[:8])
