@@ -57,8 +57,9 @@ def resolve_input_shape(model: nn.Module, input_shape: tuple[int, ...] | None) -
     shape = input_shape or getattr(model, "input_shape", None)
     if shape is None:
         raise ValueError(
-            f"cannot infer the input shape of {type(model).__name__}; pass input_shape=(C, H, W) "
-            "(without the batch axis)"
+            f"cannot infer the input shape of {type(model).__name__} (it has no input_shape attribute); pass "
+            "input_shape=(C, H, W), the shape of one sample without the batch axis, e.g. input_shape=(1, 28, 28); "
+            "target='ckks' also reads it from calibration data shaped (N, C, H, W) (a numpy array or torch tensor)"
         )
     return tuple(int(s) for s in shape)
 

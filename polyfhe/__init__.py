@@ -6,7 +6,10 @@ Public API::
     folded = polyfhe.fold(model)                        # BN, alpha, pooling factors -> affine maps
     polyfhe.export(model, target="onnx", path="m.onnx") # fold + export + checker + onnxruntime parity
     report = polyfhe.analyze("m.onnx")                  # polynomial? degree, ct x ct depth, CKKS levels
+    report = polyfhe.analyze(model, input_shape=(1, 28, 28))  # a module: folded and exported to ONNX first
     prog = polyfhe.export(model, target="ckks", calibration=X)   # CKKS program (layout="single"|"batch")
+    print(prog); print(prog.summary())                  # one line; a readable table (still a dict)
+    logits = prog.run_plain(x)                          # simulation: the compiled program on plaintext
     prog.save("prog"); prog = polyfhe.load_program("prog")
     client = prog.client(); server = prog.server(client.public_context())
     y = client.decrypt(server.run(client.encrypt(x)))
@@ -20,11 +23,14 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 # Public names, imported on first use: the CKKS runtime must load without torch or onnx.
 _LAZY = {
-    "AnalysisReport": "polyfhe.analysis", "analyze": "polyfhe.analysis",
+    "AnalysisReport": "polyfhe.analysis",
     "calibrate": "polyfhe.calibration",
     "CKKSProgram": "polyfhe.runtime.program", "load_program": "polyfhe.runtime.program",
     "FoldError": "polyfhe.folding", "fold": "polyfhe.folding",
@@ -51,6 +57,42 @@ def export(model: Any, target: str = "onnx", **kwargs: Any) -> Any:
     except KeyError:
         raise ValueError(f"unknown export target {target!r}; available: {', '.join(sorted(EXPORT_TARGETS))}") from None
     return getattr(importlib.import_module(module), function)(model, **kwargs)
+
+
+def analyze(model: Any, *, input_shape: tuple[int, ...] | None = None) -> Any:
+    """The degree analysis (:class:`AnalysisReport`: polynomial? degree, ct x ct depth, CKKS levels) of an ONNX
+    model (``onnx.ModelProto``, a path to a .onnx file, or its bytes) or of a torch ``nn.Module``.
+
+    A module is folded and exported to ONNX first, in a temporary folder, exactly as ``export(target="onnx")``
+    does; that needs its input shape: ``input_shape=(C, H, W)`` (one sample, no batch axis), else the module's
+    ``input_shape`` attribute (every registry model has one). A non-polynomial module is reported, not refused.
+    """
+    if _is_torch_module(model):
+        return _analyze_module(model, input_shape)
+    if input_shape is not None:
+        raise ValueError("input_shape= is for a torch nn.Module (exported to ONNX first); an ONNX model carries "
+                         "its own input shape")
+    return importlib.import_module("polyfhe.analysis").analyze(model)
+
+
+def _is_torch_module(model: Any) -> bool:
+    torch = sys.modules.get("torch")  # a module instance means torch is imported already; never import it here
+    return torch is not None and isinstance(model, torch.nn.Module)
+
+
+def _analyze_module(model: Any, input_shape: tuple[int, ...] | None) -> Any:
+    shape = input_shape if input_shape is not None else getattr(model, "input_shape", None)
+    if shape is None:
+        raise ValueError(
+            f"polyfhe.analyze exports a module to ONNX first and needs its input shape: {type(model).__name__} has "
+            "no input_shape attribute; pass polyfhe.analyze(module, input_shape=(1, 28, 28)) (one sample, no batch "
+            "axis), or export it first, polyfhe.export(model, target=\"onnx\", path=\"model.onnx\", "
+            "input_shape=...), and analyze the file")
+    exporter = importlib.import_module("polyfhe.exporters.onnx")
+    with tempfile.TemporaryDirectory(prefix="polyfhe-analyze-") as tmp:
+        exported = exporter.export_onnx(model, Path(tmp) / "model.onnx", tuple(shape), require_polynomial=False,
+                                        allow_nonfinite=True)  # an untrained deep model may overflow: still analyse
+    return exported.analysis
 
 
 def __getattr__(name: str) -> Any:

@@ -53,7 +53,9 @@ def export_ckks(
 ) -> CKKSProgram:
     """Compile ``model`` (module or ONNX) into a CKKS program for ``layout`` ("single" or "batch").
 
-    ``calibration``: representative inputs (array) or a CalibrationResult; sets the output headroom.
+    ``calibration``: representative inputs (N, C, H, W) as a numpy array, torch tensor, TensorDataset, DataLoader
+    or list of samples (``samples.py``), or a CalibrationResult; sets the output headroom, and a module's input
+    shape when neither ``input_shape`` nor the module's ``input_shape`` attribute gives it.
     ``params`` / ``poly_modulus_degree`` / ``scale_bits``: overrides (insecure ones need ``allow_insecure``).
     ``galois_key_budget`` (SEAL; Lattigo plans its own keys): bytes of rotation keys in the public context;
     past it, rare rotations are composed from power-of-two keys (slower, smaller upload).

@@ -15,6 +15,7 @@ import onnx
 
 from polyfhe.exporters.ckks.circuit import Circuit
 from polyfhe.exporters.ckks.plan import Plan
+from polyfhe.exporters.ckks.samples import CalibrationDataError, calibration_array
 from polyfhe.program.bootparams import BootstrapSpec, machine_memory_budget
 from polyfhe.program.engine_api import Backend
 from polyfhe.program.engines import DEFAULT_BACKEND, BackendUnavailable, get_backend
@@ -91,6 +92,10 @@ class CompileOptions:
     engine: Backend = field(init=False, repr=False, compare=False)  # the record of ``backend``
 
     def __post_init__(self) -> None:
+        try:  # tensors, datasets and loaders become one array of samples, read alike by every pass
+            object.__setattr__(self, "calibration", calibration_array(self.calibration))
+        except CalibrationDataError as exc:
+            raise CKKSExportError(str(exc)) from exc
         if self.layout not in LAYOUTS:
             raise CKKSExportError(f"unknown layout {self.layout!r}; accepted: {list(LAYOUTS)}")
         engine = _installed_engine(self.backend)

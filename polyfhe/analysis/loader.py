@@ -54,7 +54,18 @@ def _parse(model: ModelLike) -> onnx.ModelProto:
             return onnx.load(str(path))
         except Exception as exc:  # protobuf DecodeError, missing external data, ...
             raise ModelLoadError(f"cannot read ONNX model {path}: {type(exc).__name__}: {exc}") from exc
-    raise ModelLoadError(f"expected an onnx.ModelProto, a path or bytes, got {type(model).__name__}")
+    raise ModelLoadError(_wrong_type(model))
+
+
+def _wrong_type(model: object) -> str:
+    """What was given, what is accepted, and for a torch module how to get there."""
+    accepted = "an onnx.ModelProto, a path to a .onnx file or its bytes"
+    if any(c.__name__ == "Module" and c.__module__.startswith("torch.nn") for c in type(model).__mro__):
+        return (f"got a torch module ({type(model).__name__}) where an ONNX model is expected ({accepted}): "
+                "polyfhe.analyze(module, input_shape=(1, 28, 28)) exports it first, or export it yourself with "
+                "polyfhe.export(model, target=\"onnx\", path=\"model.onnx\") and analyze the file")
+    return (f"expected {accepted}, or (polyfhe.analyze) a torch nn.Module with its input_shape; "
+            f"got {type(model).__name__}")
 
 
 def _parse_bytes(data: bytes, origin: str) -> onnx.ModelProto:

@@ -143,6 +143,27 @@ class AnalysisReport:
         for name in ("violations", "nodes", "inputs", "outputs", "output_info", "not_lowered"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
+    def __repr__(self) -> str:
+        """One line: the answers and how many nodes (the per-node records are in ``nodes`` and ``to_dict()``)."""
+        first = f" (first: {self.violations[0].op} at {self.violations[0].node!r})" if self.violations else ""
+        return (f"AnalysisReport(polynomial={self.polynomial}, degree={self.degree}, mult_depth={self.mult_depth}, "
+                f"levels={self.levels}, nodes={len(self.nodes)}, violations={len(self.violations)}{first}, "
+                f"not_lowered={len(self.not_lowered)}, opset={self.opset})")
+
+    def __str__(self) -> str:
+        """A few readable lines: the answers, the op counts, then each violation and node without a lowering."""
+        ops = ", ".join(f"{op} {n}" for op, n in self.op_counts.by_op.items())
+        lines = [repr(self), f"  ops on encrypted values: {ops or 'none'}",
+                 f"  ct x ct products: {self.op_counts.ct_ct_mults}, plaintext maps: {self.op_counts.pt_mults}"]
+        reasons: set[str] = set()
+        for v in self.violations[:10]:  # a reason shared by several nodes (the allow-list) is said once
+            lines.append(f"  violation: {v.node} ({v.op})" + ("" if v.reason in reasons else f": {v.reason}"))
+            reasons.add(v.reason)
+        if len(self.violations) > 10:
+            lines.append(f"  ... and {len(self.violations) - 10} more violations")
+        lines += [f"  not lowered by {e.engine}: {e.node} ({e.op})" for e in self.not_lowered[:10]]
+        return "\n".join(lines)
+
     def not_lowered_by(self, engine: str) -> tuple[NotLowered, ...]:
         """The entries naming ``engine`` (a compiler name such as ``"ckks"``)."""
         return tuple(entry for entry in self.not_lowered if entry.engine == engine)

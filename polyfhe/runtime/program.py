@@ -19,6 +19,7 @@ import numpy as np
 from polyfhe.program.engines import get_backend, load_other_format
 from polyfhe.program.manifest import ProgramError, ProgramManifest, compute_program_id
 from polyfhe.program.params import CKKSParams, fingerprint_params
+from polyfhe.program.summary import ProgramSummary
 from polyfhe.runtime.execute import run_plain
 from polyfhe.runtime.plaintexts import PlaintextStore
 
@@ -79,15 +80,68 @@ class CKKSProgram:
         """An evaluator for one client's public context, from the engine the manifest names."""
         return get_backend(self.manifest.backend).server(self, public_context, **kwargs)
 
-    def run_plain(self, x: np.ndarray) -> np.ndarray:
-        """Execute the compiled steps on plaintext slots (no encryption): the reference for one sample batch."""
-        return run_plain(self, x)
+    def run_plain(self, x: Any) -> np.ndarray:
+        """Simulation mode: the compiled program's own steps on plaintext, no keys and no encryption.
 
-    def summary(self) -> dict:
+        What ``fhe="simulate"`` is in Concrete ML: the same packing, the same merged maps and products in the
+        same order, in float64, so it shows what the program computes (its accuracy, its agreement with the
+        model) at numpy speed; only CKKS's noise is missing. ``x``: one sample (``input_shape`` values) or a
+        batch ``(n, ...)`` of any size, as a numpy array or torch tensor; returns ``(n, output_size)`` logits
+        (``(1, output_size)`` for one sample, like ``client.decrypt``). Large batches run in chunks of what one
+        ciphertext holds.
+        """
         m = self.manifest
-        return {"program_id": m.program_id, "backend": m.backend, "layout": m.layout, "params": m.params.to_dict(),
-                "input_shape": list(m.input_shape), "output_size": m.output_size, "depth": m.depth,
-                "steps": len(m.steps), "galois_keys": len(m.galois_steps), **m.info}
+        flat = _samples(m, x)
+        if not len(flat):
+            return np.zeros((0, m.output_size))
+        chunk = m.samples_per_query if m.layout == "batch" else len(flat)  # single layout: run_plain packs lanes
+        return np.concatenate([run_plain(self, flat[i:i + chunk]) for i in range(0, len(flat), chunk)])
+
+    def summary(self) -> ProgramSummary:
+        """What the program is and what compiling it measured: a dict (keys as in ``manifest.info`` plus the
+        program's shape and parameters) that ``print()`` shows as a readable table."""
+        m = self.manifest
+        return ProgramSummary(
+            {"program_id": m.program_id, "backend": m.backend, "layout": m.layout, "params": m.params.to_dict(),
+             "input_shape": list(m.input_shape), "output_size": m.output_size, "depth": m.depth,
+             "steps": len(m.steps), "galois_keys": len(m.galois_steps), **m.info}, title=repr(self))
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        size = _bytes(sum(a.nbytes for a in self.arrays.values()))
+        return (f"CKKSProgram(id={m.program_id}, backend={m.backend}, layout={m.layout}, "
+                f"N={m.params.poly_modulus_degree}, depth={m.depth}, input={_sample_shape(m)}, "
+                f"outputs={m.output_size}, steps={len(m.steps)}, arrays={len(self.arrays)} ({size}))")
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _sample_shape(m: ProgramManifest) -> tuple[int, ...]:
+    """The shape of one sample: the manifest's input shape without its leading batch axis of 1."""
+    shape = tuple(m.input_shape)
+    return shape[1:] if len(shape) > 1 and shape[0] == 1 else shape
+
+
+def _samples(m: ProgramManifest, x: Any) -> np.ndarray:
+    """``x`` (one sample or a batch; numpy, torch or nested lists) as float64 ``(n, input_size)``."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, read without importing torch
+        x = x.detach().cpu()
+        x = x.double() if x.is_floating_point() else x
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiub":
+        raise ValueError(f"input dtype {arr.dtype} is not real numeric; expected samples of shape {_sample_shape(m)}")
+    arr = arr.astype(np.float64, copy=False)
+    if arr.size == m.input_size:
+        return arr.reshape(1, m.input_size)
+    if arr.ndim > 1 and int(np.prod(arr.shape[1:])) == m.input_size:
+        return arr.reshape(-1, m.input_size)
+    raise ValueError(f"input of shape {arr.shape} is neither one sample of shape {_sample_shape(m)} "
+                     f"({m.input_size} values) nor a batch (n, ...) of such samples")
 
 
 def load_program(directory: str | Path) -> CKKSProgram:
