@@ -148,8 +148,11 @@ def test_program_roundtrip_and_tamper_detection(tmp_path):
     (tmp_path / "p" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ProgramError, match="id mismatch"):
         load_program(tmp_path / "p")
-    with pytest.raises(ProgramError, match="missing"):
+    with pytest.raises(ProgramError, match="does not exist"):
         load_program(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ProgramError, match="manifest.json is missing"):
+        load_program(tmp_path / "empty")
 
 
 def test_manifest_refuses_bad_samples_per_ciphertext(tmp_path):
