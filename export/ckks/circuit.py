@@ -8,6 +8,7 @@ reference both layouts are checked against and the source of calibrated value ra
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -108,13 +109,19 @@ class Circuit:
     def max_size(self) -> int:
         return max(self.sizes.values())
 
-    def evaluate(self, x: np.ndarray, keep: bool = False) -> np.ndarray | dict[int, np.ndarray]:
-        """Run on plaintext ``x`` of shape ``(batch, *input_shape)`` or ``(batch, input_size)`` in float64."""
+    def evaluate(self, x: np.ndarray, keep: bool = False,
+                 perturb: Callable[[int, np.ndarray], np.ndarray] | None = None) -> np.ndarray | dict[int, np.ndarray]:
+        """Run on plaintext ``x`` of shape ``(batch, *input_shape)`` or ``(batch, input_size)`` in float64.
+        ``perturb(register, values)``: what a register holds instead of its exact values (a noise model)."""
         regs = {0: np.asarray(x, dtype=np.float64).reshape(len(x), -1)}
         if self.input_gather is not None:
             regs[0] = regs[0][:, self.input_gather]
+        if perturb is not None:
+            regs[0] = perturb(0, regs[0])
         for node in self.nodes:
             regs[node.out] = _EVAL[type(node)](node, regs)
+            if perturb is not None:
+                regs[node.out] = perturb(node.out, regs[node.out])
         return regs if keep else regs[self.output]
 
     def value_ranges(self, x: np.ndarray) -> dict[int, float]:

@@ -3,8 +3,10 @@
 Keys are made here from the model's manifest; the public context is uploaded once per run (one session),
 then each input is encrypted, evaluated by the server and decrypted here. The server never sees the inputs,
 the results or the secret key. INPUT is an ``.npy`` array, an ``.npz`` with array ``x`` or an image
-(``.png``/``.jpg``), read as ``polyfhe run`` reads it. Each file is one request: a stack in an ``.npy``/``.npz``
-holds up to as many samples as the program interleaves in one ciphertext, and they share that request.
+(``.png``/``.jpg``), read as ``polyfhe run`` reads it. A stack in an ``.npy``/``.npz`` holds any number of samples:
+they are sent in requests of as many as the program interleaves in one ciphertext (one request per chunk).
+Values outside the program's calibrated range (``input_range`` in its manifest) are refused before anything is
+encrypted (exit code 2) unless ``--clip`` clips them to it, with a warning saying how many.
 ``polyfhe client models --server URL`` lists the models.
 
 Keys that persist: ``polyfhe client keys create --model NAME --server URL --out KEYDIR`` makes keys once and
@@ -43,6 +45,9 @@ def add_parser(subparsers: Any) -> None:
                        help="restore keys from this folder (`polyfhe client keys create`) and resume their session")
     infer.add_argument("--json", action="store_true", help="print one JSON object per sample (JSON Lines)")
     infer.add_argument("--timeout", type=float, default=900.0, help="seconds per HTTP request (default 900)")
+    infer.add_argument("--clip", action="store_true",
+                       help="clip input values outside the model's calibrated range to it (with a warning) instead "
+                            "of refusing them (exit code 2)")
     client_keys.add_insecure_argument(infer)
     client_keys.add_connection_arguments(infer)
     infer.set_defaults(func=run_infer)
@@ -86,10 +91,23 @@ def _infer(args: argparse.Namespace, api: Any, model: str, keydir: Any) -> int:
     from polyfhe.program.boundary import InputError
 
     manifest = api.manifest(model, allow_insecure=args.allow_insecure)
+    if args.clip and manifest.scheme != "ckks":
+        raise _BadInput("--clip applies to CKKS models; a Concrete ML model quantises its inputs itself")
     try:
         inputs = [(path, read_input(path, manifest)) for path in args.inputs]
     except RunInputError as exc:
         raise _BadInput(str(exc)) from None
+    if manifest.scheme == "ckks":  # every file checked against the calibrated range before any key is made
+        from polyfhe.program.boundary import check_samples
+
+        checked = []
+        for path, x in inputs:
+            try:
+                checked.append((path, check_samples(manifest, x, args.clip)))
+            except InputError as exc:
+                raise _BadInput(f"{path}: {exc}") from None
+        inputs = checked
+    step = manifest.samples_per_query
     rows: list[dict] = []
     with _session(api, model, manifest, keydir) as session:
         head = {"server": api.url, "model": model, "program_id": manifest.program_id,
@@ -98,18 +116,22 @@ def _infer(args: argparse.Namespace, api: Any, model: str, keydir: Any) -> int:
                             "upload_s": session.upload_seconds, "resumed": session.uploads == 0}}
         if not args.json:
             _render_head(head, manifest)
-        with progress_bar(len(inputs), "requests", unit="request") as bar:
-            for request, (path, x) in enumerate(inputs):  # a file holds at most one ciphertext's samples
+        requests = sum(-(-len(x) // step) for _, x in inputs)
+        with progress_bar(requests, "requests", unit="request") as bar:
+            request = 0
+            for path, x in inputs:  # a file's samples in chunks of one ciphertext's worth, a request each
                 try:
                     results = session.infer_many(x)
                 except InputError as exc:
                     raise _BadInput(f"{path}: {exc}") from None
-                bar.update(1)
+                bar.update(-(-len(x) // step))
                 for i, result in enumerate(results):
-                    row = {"input": str(path), "sample": i, "request": request, **result.to_dict(), "model": model,
-                           "context_bytes": session.context_bytes, "context_uploads": session.uploads}
+                    row = {"input": str(path), "sample": i, "request": request + i // step, **result.to_dict(),
+                           "model": model, "context_bytes": session.context_bytes,
+                           "context_uploads": session.uploads}
                     rows.append(row)
-                    _emit_row(row, args.json)
+                    _emit_row(row, args.json, last=i == len(results) - 1 or (i + 1) % step == 0)
+                request += -(-len(x) // step)
         head["session"].update(uploads=session.uploads, context_bytes=session.context_bytes)
     if not args.json:
         _render_totals(rows, head)
@@ -180,7 +202,7 @@ def _render_head(head: dict, manifest: Any) -> None:
              "(the secret key stays here)")
 
 
-def _emit_row(row: dict, as_json: bool) -> None:
+def _emit_row(row: dict, as_json: bool, last: bool = True) -> None:
     from polyfhe.commands.progress import echo
 
     if as_json:
@@ -189,7 +211,7 @@ def _emit_row(row: dict, as_json: bool) -> None:
         return
     echo(f"{row['input']}[{row['sample']}]: class {row['class']} (confidence {row['confidence']:.1%})")
     echo("  logits: " + " ".join(f"{v:.5g}" for v in row["logits"]))
-    if row["sample"] == row["request_samples"] - 1:  # the request's cost once, after its last sample
+    if last:  # the request's cost once, after its last sample
         t = row["timings"]
         echo(f"  request of {row['request_samples']} sample(s) in one ciphertext: encrypt "
              f"{t['encrypt'] * 1000:.0f} ms, round trip {t['request'] * 1000:.0f} ms (server "

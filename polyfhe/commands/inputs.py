@@ -1,8 +1,9 @@
 """Input files of ``polyfhe run`` and ``polyfhe client infer``: a file -> ``(samples, C, H, W)`` float64, checked
 against the program's manifest.
 
-FILE is an ``.npy`` array, an ``.npz`` with array ``x`` (a stack of samples: up to as many as one ciphertext
-holds) or an image (``.png``/``.jpg``: converted to the program's channels and size, scaled to [0, 1]).
+FILE is an ``.npy`` array, an ``.npz`` with array ``x`` (a stack of any number of samples: the commands encrypt
+them in chunks of as many as one ciphertext holds) or an image (``.png``/``.jpg``: converted to the program's
+channels and size, scaled to [0, 1]).
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ def _read_npz(path: Path, manifest: Any) -> np.ndarray:
         if "x" not in data.files:
             raise RunInputError(f"{path} holds arrays {data.files}; expected one named 'x'")
         x = data["x"]
-    if manifest.layout == "single" and x.size != manifest.input_size:
-        x = x[: manifest.samples_per_query]  # a stack of samples: as many as one ciphertext interleaves
     return _fit(x, manifest, path, all_samples=True)
 
 
@@ -63,7 +62,7 @@ def _chw(manifest: Any) -> tuple[int, ...]:
 
 
 def _fit(x: np.ndarray, manifest: Any, path: Path, all_samples: bool) -> np.ndarray:
-    """Reshape to (samples, *input_shape[1:]), at most as many samples as one ciphertext holds."""
+    """Reshape to (samples, *input_shape[1:]): one sample, or a stack of any number."""
     shape = tuple(manifest.input_shape[1:])
     x = np.asarray(x)
     if x.dtype.kind not in "fiub":
@@ -72,15 +71,10 @@ def _fit(x: np.ndarray, manifest: Any, path: Path, all_samples: bool) -> np.ndar
     if x.size == n:
         return x.astype(np.float64).reshape(1, *shape)
     stacked = x.ndim >= 2 and int(np.prod(x.shape[1:])) == n
-    capacity = manifest.samples_per_query
     if stacked and all_samples and len(x) > 0:
-        if len(x) > capacity:
-            raise RunInputError(f"{path} holds {len(x)} samples; one ciphertext of this program takes at most "
-                                f"{capacity}")
         return x.astype(np.float64).reshape(-1, *shape)
-    what = "one sample" if capacity == 1 else f"up to {capacity} samples"
     raise RunInputError(f"{path} holds an array of shape {x.shape}; this {manifest.layout}-layout program "
-                        f"takes {what} of shape {shape} ({n} values each)")
+                        f"takes one sample of shape {shape} ({n} values) or a stack (n, ...) of them")
 
 
 def read_input(path: Path, manifest: Any) -> np.ndarray:

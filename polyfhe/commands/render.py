@@ -25,22 +25,33 @@ def render_run_result(r: dict) -> None:
         console.print("logits: " + " ".join(f"{v:.5g}" for v in r["logits"][0]))
     else:
         agree = sum(a == b for a, b in zip(r["classes"], r["plain_classes"]))
-        console.print(f"classes of {r['samples']} samples (encrypted agrees with plaintext on {agree}):")
+        queries = f", {r['queries']} queries" if r.get("queries", 1) > 1 else ""
+        console.print(f"classes of {r['samples']} samples{queries} (encrypted agrees with plaintext on {agree}):")
         table = Table("sample", "class", "logits")
         for i in range(min(r["samples"], SHOWN_SAMPLES)):
             table.add_row(str(i), str(r["classes"][i]), " ".join(f"{v:.4g}" for v in r["logits"][i]))
         console.print(table)
-    console.print(f"max abs error vs plaintext program: {r['max_abs_error']:.2e}")
+    console.print(f"max abs error vs plaintext program: {r['max_abs_error']:.2e}{_verdict(r)}")
     table = Table(title="timings and sizes", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
+    queries = r.get("queries", 1)
+    total = f" ({queries} queries)" if queries > 1 else ""
     for key, value in r["timings"].items():
         label = "keys restored" if key == "keygen" and r.get("keys", {}).get("restored") else key.replace("_", " ")
-        table.add_row(f"{label} time", f"{value * 1000:.1f} ms")
+        table.add_row(f"{label} time{total if key != 'keygen' else ''}", f"{value * 1000:.1f} ms")
     for key, value in r["sizes"].items():
-        table.add_row(key.replace("_", " "), f"{value / 1e6:.3f} MB")
+        table.add_row(f"{key.replace('_', ' ')}{total if key != 'public_context' else ''}", f"{value / 1e6:.3f} MB")
     console.print(table)
     console.print(counts_table(r["counts"], r.get("plaintext_cache", {})))
+
+
+def _verdict(r: dict) -> str:
+    """Whether the error is within the tolerance CKKS noise explains (absent from older results)."""
+    if "tolerance" not in r:
+        return ""
+    verdict = "within" if r["agrees"] else "OVER"
+    return f" ({verdict} the tolerance {r['tolerance']:.2e} the noise explains)"
 
 
 COUNT_ROWS = (  # (key in counts, label)

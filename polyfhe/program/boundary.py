@@ -4,6 +4,9 @@ the program's identity (program id, parameters, engine, Galois steps), and the q
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -24,9 +27,10 @@ from polyfhe.program.wire import (
 if TYPE_CHECKING:
     from polyfhe.runtime.program import CKKSProgram
 
-__all__ = ["DEFAULT_MAX_CIPHERTEXT_BYTES", "DEFAULT_MAX_CONTEXT_BYTES", "InputError", "KeyMismatchError", "RunStats",
-           "check_identity", "check_input", "check_key_identity", "check_result", "galois_element", "identity_header",
-           "open_backup", "open_public_context", "open_query", "pack_result"]
+__all__ = ["DEFAULT_MAX_CIPHERTEXT_BYTES", "DEFAULT_MAX_CONTEXT_BYTES", "RANGE_TOLERANCE", "InputError",
+           "KeyMismatchError", "NumericalWarning", "RunStats", "check_identity", "check_input", "check_key_identity",
+           "check_result", "check_samples", "galois_element", "identity_header", "join_results", "open_backup",
+           "open_public_context", "open_query", "pack_result", "split_queries"]
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +54,24 @@ def identity_header(manifest: ProgramManifest) -> dict:
     return {"program_id": manifest.program_id, "params": fingerprint_params(manifest.params)}
 
 
-def check_input(manifest: ProgramManifest, x) -> np.ndarray:
-    """``x`` as (samples, input_size) float64, checked against the program; raises :class:`InputError`."""
+RANGE_TOLERANCE = 0.05  # inputs may pass the calibrated range by this share of its span (calibration samples a range)
+
+
+class NumericalWarning(UserWarning):
+    """A numerical hazard the caller must see: inputs changed (clipped) before encryption, or an encrypted result
+    further from the plaintext program than the parameters' noise explains."""
+
+
+def check_samples(manifest: ProgramManifest, x, clip: bool = False) -> np.ndarray:
+    """``x`` as (samples, input_size) float64, any number of samples, checked against the program's input shape and
+    calibrated range; raises :class:`InputError`. ``clip``: clip values outside the calibrated range to it (with a
+    :class:`NumericalWarning` saying how many) instead of refusing them."""
     m = manifest
     arr = np.asarray(x)
     if arr.dtype.kind not in "fiub":
         raise InputError(f"input dtype {arr.dtype} is not real numeric; expected float images "
                          f"of shape {tuple(m.input_shape)}")
+    dtype = arr.dtype
     arr = arr.astype(np.float64)
     per_sample = m.input_size
     if arr.size == per_sample:
@@ -66,18 +81,74 @@ def check_input(manifest: ProgramManifest, x) -> np.ndarray:
     else:
         raise InputError(f"input of shape {arr.shape} is neither one sample of shape {tuple(m.input_shape)} "
                          f"({per_sample} values) nor a batch (n, ...) of such samples")
-    capacity = m.samples_per_query
-    if len(arr) > capacity:
-        raise InputError(f"{len(arr)} samples exceed the {capacity} this program packs into one ciphertext "
-                         f"({m.layout} layout); encrypt them in chunks of {capacity}")
     if not np.all(np.isfinite(arr)):
         raise InputError("input contains NaN or infinite values")
+    return _check_range(m, arr, dtype, clip)
+
+
+def _check_range(m: ProgramManifest, arr: np.ndarray, dtype: np.dtype, clip: bool) -> np.ndarray:
+    """Refuse (or clip) values past the calibrated range: the scale's headroom is sized for it, and values far
+    outside it overflow the modulus and decrypt to garbage without any error."""
     lo, hi = m.input_range
-    span = max(hi - lo, 1e-12)
-    if arr.min() < lo - 0.05 * span or arr.max() > hi + 0.05 * span:
-        log.warning("input values [%.3g, %.3g] fall outside the calibrated range [%.3g, %.3g]; encrypted "
-                    "results may lose precision or overflow", arr.min(), arr.max(), lo, hi)
+    if clip:
+        outside = int(np.count_nonzero((arr < lo) | (arr > hi)))
+        if outside:
+            message = (f"clipped {outside} of {arr.size} input values to the calibrated range [{lo:.6g}, {hi:.6g}] "
+                       f"of program {m.program_id} (they spanned [{arr.min():.6g}, {arr.max():.6g}]); the result is "
+                       "the program's on the clipped input")
+            log.warning(message)
+            warnings.warn(message, NumericalWarning, stacklevel=_caller_level())
+        return np.clip(arr, lo, hi)
+    slack = RANGE_TOLERANCE * max(hi - lo, 1e-12)
+    if arr.min() >= lo - slack and arr.max() <= hi + slack:
+        return arr
+    raise InputError(f"input values span [{arr.min():.6g}, {arr.max():.6g}], outside the range program "
+                     f"{m.program_id} takes: [{lo:.6g}, {hi:.6g}] (calibrated; {RANGE_TOLERANCE:.0%} of its span "
+                     f"is tolerated either side). Encrypted results of inputs outside it overflow or lose precision "
+                     f"without any error. {_normalise_hint(arr, dtype, lo, hi)}")
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside polyfhe: a warning names the caller's line, not ours."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _normalise_hint(arr: np.ndarray, dtype: np.dtype, lo: float, hi: float) -> str:
+    clip = "or pass clip=True (`--clip` on the command line) to clip values to the range"
+    if (dtype == np.uint8 or (arr.min() >= 0 and 1.5 < arr.max() <= 255)) and hi <= 1.0 + RANGE_TOLERANCE:
+        return f"These look like 8-bit pixels (0-255): divide them by 255, {clip}."
+    return f"Normalise inputs the way the calibration data was (the same scaling and shift), {clip}."
+
+
+def check_input(manifest: ProgramManifest, x, clip: bool = False) -> np.ndarray:
+    """``x`` as (samples, input_size) float64, checked against the program (:func:`check_samples`), at most as many
+    samples as one query holds; raises :class:`InputError`."""
+    arr = check_samples(manifest, x, clip)
+    capacity = manifest.samples_per_query
+    if len(arr) > capacity:
+        raise InputError(f"{len(arr)} samples exceed the {capacity} this program packs into one ciphertext "
+                         f"({manifest.layout} layout); encrypt_batch(x) encrypts them in chunks of {capacity} (one "
+                         "query each) and decrypt(list of results) joins the logits")
     return arr
+
+
+def split_queries(manifest: ProgramManifest, x, clip: bool = False) -> list[np.ndarray]:
+    """``x`` checked (:func:`check_samples`) and split into chunks of at most ``samples_per_query`` samples, one
+    query each."""
+    arr = check_samples(manifest, x, clip)
+    step = manifest.samples_per_query
+    return [arr[i:i + step] for i in range(0, len(arr), step)]
+
+
+def join_results(decrypt, results) -> np.ndarray:
+    """The logits of a list of results (one per query of ``encrypt_batch``), decrypted one by one and joined."""
+    if not results:
+        raise InputError("decrypt takes a result or a non-empty list of results")
+    return np.concatenate([decrypt(r) for r in results])
 
 
 def _keys_for(program_id, fingerprint, params_full, backend) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["RoundTrip", "timed_round_trip"]
+__all__ = ["RoundTrip", "add_counts", "timed_round_trip"]
 
 
 @dataclass(frozen=True)
@@ -34,3 +34,14 @@ def timed_round_trip(client, server, x) -> RoundTrip:
     logits = client.decrypt(answer)
     t3 = time.perf_counter()
     return RoundTrip(logits, len(query), len(answer), t1 - t0, t2 - t1, server.last_run.seconds, t3 - t2)
+
+
+STATE_COUNTS = ("plaintext_bytes",)  # what a store holds after a run: the latest, not a sum
+
+
+def add_counts(total: dict, counts: dict) -> dict:
+    """Operation counts of two runs added (the store's state, ``plaintext_bytes``, is the second's)."""
+    out = dict(total)
+    for key, value in counts.items():
+        out[key] = value if key in STATE_COUNTS or key not in out else out[key] + value
+    return out

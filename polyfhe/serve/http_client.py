@@ -297,22 +297,27 @@ class RemoteSession:
     def keygen_seconds(self) -> float:
         return float(self.keys.keygen_seconds)
 
-    def infer(self, x: np.ndarray) -> InferResult:
-        """Logits of one sample (any shape with the model's input size)."""
+    def infer(self, x: np.ndarray, clip: bool = False) -> InferResult:
+        """Logits of one sample (any shape with the model's input size); ``clip`` as in :meth:`infer_many`."""
         per_sample = self.keys.manifest.input_size
         if np.size(x) != per_sample:
             raise InputError(f"infer takes one sample of {per_sample} values, got shape {np.shape(x)}; "
                              "use infer_many for a stack")
-        return self._request(np.asarray(x).reshape(1, per_sample))[0]
+        return self.infer_many(np.asarray(x).reshape(1, per_sample), clip)[0]
 
-    def infer_many(self, x: np.ndarray) -> list[InferResult]:
-        """Logits of a stack ``(n, ...)``, sent ``samples_per_query`` at a time: a program that interleaves k
-        samples per ciphertext answers k of them for the cost of one request."""
+    def infer_many(self, x: np.ndarray, clip: bool = False) -> list[InferResult]:
+        """Logits of a stack ``(n, ...)`` of any size, sent ``samples_per_query`` at a time: a program that
+        interleaves k samples per ciphertext answers k of them for the cost of one request. Values outside the
+        calibrated range are refused (``InputError``) unless ``clip`` (clipped, with a warning)."""
         manifest = self.keys.manifest
         arr = np.asarray(x)
         if arr.ndim < 2 or len(arr) == 0 or arr[0].size != manifest.input_size:
             raise InputError(f"infer_many takes a non-empty stack (n, ...) of samples of {manifest.input_size} "
                              f"values, got shape {arr.shape}")
+        if manifest.scheme == "ckks":  # checked (and clipped) once, before the first request
+            from polyfhe.program.boundary import check_samples
+
+            arr = check_samples(manifest, arr, clip)
         step = manifest.samples_per_query
         return [result for start in range(0, len(arr), step) for result in self._request(arr[start:start + step])]
 

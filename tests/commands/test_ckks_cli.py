@@ -120,9 +120,10 @@ def test_run_several_samples_in_one_single_layout_ciphertext(exported, tmp_path,
     result = json.loads(capsys.readouterr().out)
     want = np.stack([_onnx_logits(onnx_path, row) for row in x[:4]])
     assert np.allclose(result["logits"], want, atol=1e-3)
-    np.save(tmp_path / "many.npy", np.resize(x, (lanes + 1, 1, 8, 8)))
-    assert main(["run", str(prog), "--input", str(tmp_path / "many.npy")]) == 2
-    assert f"at most {lanes}" in capsys.readouterr().err
+    np.save(tmp_path / "many.npy", np.resize(x, (lanes + 1, 1, 8, 8)))  # two queries
+    assert main(["run", str(prog), "--input", str(tmp_path / "many.npy"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["samples"] == lanes + 1 and result["queries"] == 2 and result["agrees"]
 
 
 def test_export_no_spend_levels_option(exported, tmp_path, capsys):

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 
+from polyfhe.exporters.ckks.noise import noise_info
 from polyfhe.exporters.ckks.passes import Pass
 from polyfhe.exporters.ckks.passes.bootstrap import program_manifest
+from polyfhe.exporters.ckks.passes.ranges import calibration_samples
 from polyfhe.exporters.ckks.state import BootstrapInstead, CKKSExportError, CompileState
 from polyfhe.program.bootparams import BOOTSTRAP_RING
 from polyfhe.program.engines import KeySetTooLarge
@@ -34,7 +36,17 @@ def manifest_info(state: CompileState) -> dict:
         **({"matmuls": circuit.matmuls} if circuit.matmuls else {}),
         **({"memory_spend": {**state.memory_spend, "depth": circuit.depth}} if state.memory_spend else {}),
         "output_shape": list(circuit.output_shape), **state.plan.stats, **state.ranges.info,
+        **_noise(state),
     }
+
+
+def _noise(state: CompileState) -> dict:
+    """The logit error the parameters' noise predicts (``export/ckks/noise.py``); none for a program that
+    bootstraps (``polyfhe run`` then falls back to a bound from its parameters)."""
+    if state.boot_spec is not None:
+        return {}
+    samples = calibration_samples(state.circuit, state.options.calibration)
+    return noise_info(state.circuit, state.params, samples, state.ranges.input_range)
 
 
 def run(state: CompileState) -> None:

@@ -53,10 +53,12 @@ from polyfhe.program.boundary import (
     check_input,
     check_result,
     identity_header,
+    join_results,
     open_backup,
     open_public_context,
     open_query,
     pack_result,
+    split_queries,
 )
 from polyfhe.program.engine_api import Backend, BackendUnavailable, CostTraits, KeySetTooLarge
 from polyfhe.program.params import MAX_BITS_128, ParameterError, estimated_sizes
@@ -327,8 +329,10 @@ class LattigoClient:
         header = {**self._header, "params_full": self.manifest.params.to_dict()}
         return pack(KIND_SECRET, header, {"secret_key": self._secret_key.marshal_binary()})
 
-    def encrypt(self, x) -> bytes:
-        arr = check_input(self.manifest, x)
+    def encrypt(self, x, clip: bool = False) -> bytes:
+        """One query of up to ``samples_per_ciphertext`` samples (more: :meth:`encrypt_batch`); values outside the
+        calibrated range are refused unless ``clip`` (then clipped, with a ``NumericalWarning``)."""
+        arr = check_input(self.manifest, x, clip)
         if self.manifest.layout != "single":
             raise InputError("the Lattigo backend runs the single layout only")
         values = pack_single(self.manifest, arr)
@@ -341,7 +345,14 @@ class LattigoClient:
         header = {**self._header, "role": "input", "count": 1, "samples": len(arr)}
         return pack(KIND_CIPHERTEXT, header, {"ct0": data})
 
-    def decrypt(self, data: bytes) -> np.ndarray:
+    def encrypt_batch(self, x, clip: bool = False) -> list[bytes]:
+        """Any number of samples as queries of at most ``samples_per_query`` each; :meth:`decrypt` of the list of
+        results joins their logits."""
+        return [self.encrypt(chunk) for chunk in split_queries(self.manifest, x, clip)]
+
+    def decrypt(self, data: bytes | list[bytes]) -> np.ndarray:
+        if isinstance(data, list | tuple):
+            return join_results(self.decrypt, data)
         box = unpack(data, KIND_CIPHERTEXT)
         _, samples = check_result(self.manifest, box)
         params = self.manifest.params

@@ -14,8 +14,10 @@ from polyfhe.program.boundary import (
     check_result,
     galois_element,
     identity_header,
+    join_results,
     open_backup,
     open_public_context,
+    split_queries,
 )
 from polyfhe.program.manifest import ProgramManifest
 from polyfhe.program.wire import (
@@ -128,12 +130,14 @@ class CKKSClient:
         return pack(KIND_SECRET, {**self._header, "params_full": self.manifest.params.to_dict()}, sections)
 
     # ------------------------------------------------------------------------------------------------------
-    def _check_input(self, x) -> np.ndarray:
-        return check_input(self.manifest, x)
+    def _check_input(self, x, clip: bool = False) -> np.ndarray:
+        return check_input(self.manifest, x, clip)
 
-    def encrypt(self, x) -> bytes:
-        """One sample, or a batch (n, ...) of up to ``samples_per_ciphertext`` (single) or ``slots`` (batch)."""
-        arr = self._check_input(x)
+    def encrypt(self, x, clip: bool = False) -> bytes:
+        """One query: one sample, or a batch (n, ...) of up to ``samples_per_ciphertext`` (single) or ``slots``
+        (batch) samples (more: :meth:`encrypt_batch`). Values outside the calibrated range are refused unless
+        ``clip`` (then clipped to it, with a :class:`~polyfhe.program.boundary.NumericalWarning`)."""
+        arr = self._check_input(x, clip)
         sa = self.seal.sa
         if self.manifest.layout == "single":
             columns = [pack_single(self.manifest, arr)]  # the program's public slot packing
@@ -148,8 +152,15 @@ class CKKSClient:
         header = {**self._header, "role": "input", "count": len(columns), "samples": len(arr)}
         return pack(KIND_CIPHERTEXT, header, sections)
 
-    def decrypt(self, data: bytes) -> np.ndarray:
-        """Logits of shape (samples, output_size)."""
+    def encrypt_batch(self, x, clip: bool = False) -> list[bytes]:
+        """Any number of samples as queries of at most ``manifest.samples_per_query`` samples each, in order;
+        :meth:`decrypt` of the list of results joins their logits."""
+        return [self.encrypt(chunk) for chunk in split_queries(self.manifest, x, clip)]
+
+    def decrypt(self, data: bytes | list[bytes]) -> np.ndarray:
+        """Logits of shape (samples, output_size); a list of results (:meth:`encrypt_batch`) joined in order."""
+        if isinstance(data, list | tuple):
+            return join_results(self.decrypt, data)
         box = unpack(data, KIND_CIPHERTEXT)
         count, samples = check_result(self.manifest, box)
         values = []
