@@ -138,3 +138,16 @@ def test_functional_activations_and_softmax_are_refused_by_name():
 def test_polynomialize_is_a_public_name():
     assert "polynomialize" in polyfhe.__all__ and "polynomialize" in dir(polyfhe)
     assert callable(polyfhe.polynomialize)
+
+
+def test_a_data_loader_and_a_dataset_are_accepted():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from polyfhe.data.sources import load_digits
+
+    data = load_digits()
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+    loader = DataLoader(TensorDataset(torch.tensor(data.x_train), torch.tensor(data.y_train)), batch_size=64)
+    for source in (loader, data):
+        report = polyfhe.polynomialize(model, data=source, epochs=1).polynomialize_report
+        assert report.calibration_samples == 512 and report.epochs == 1 and report.accuracy_final is not None
