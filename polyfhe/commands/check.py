@@ -79,7 +79,10 @@ def run(args: argparse.Namespace) -> int:
     required = getattr(args, "require_lowered", None)
     compiler = compiler_for(required) if required else CKKS_COMPILER
     if as_json:
+        from polyfhe.analysis.hints import remedy
+
         payload = {"target": target, **report.to_dict(), "within_limits": not failures,
+                   "remedy": remedy(report.violations) or None,
                    "limit_failures": list(failures), "limits": limits,
                    "lowered": report.lowered_by(compiler), "lowered_engine": compiler, "require_lowered": required}
         print(json.dumps(payload))
@@ -145,7 +148,12 @@ def _render(target: str, report: AnalysisReport, failures: tuple[str, ...], comp
             ops.add_row(op, str(count))
         console.print(ops)
     if report.violations:
+        from polyfhe.analysis.hints import remedy
+
         console.print(_grouped_table(report.violations, f"{len(report.violations)} violation(s)"))
+        way_in = remedy(report.violations)
+        if way_in:
+            console.print(f"the way in: {escape(way_in)}")
     for failure in failures if report.polynomial else ():
         console.print(f"[red]over limit:[/red] {escape(failure)}")
     given = {name: value for name, value in (limits or {}).items() if value is not None}

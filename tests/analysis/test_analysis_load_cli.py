@@ -123,6 +123,7 @@ def test_cli_exit_1_not_polynomial(relu_path: Path, capsys: pytest.CaptureFixtur
     out = json.loads(capsys.readouterr().out)
     assert out["polynomial"] is False and out["degree"] is None and out["within_limits"] is False
     assert [(v["node"], v["op"]) for v in out["violations"]] == [("act", "Relu")]
+    assert "polyfhe.polynomialize" in out["remedy"]
 
 
 @pytest.mark.parametrize("flag, value", [("--max-degree", "1"), ("--max-depth", "0"), ("--max-levels", "1")])
@@ -153,6 +154,7 @@ def test_cli_human_report(poly_path: Path, relu_path: Path, capsys: pytest.Captu
     text = capsys.readouterr().out
     assert "NOT polynomial" in text and "act" in text and "Relu" in text
     assert "within limits" not in text  # the verdict is "NOT polynomial", not a limit
+    assert "the way in:" in text and "polyfhe.polynomialize" in text
 
 
 def test_cli_zoo_name_without_exporter(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
