@@ -177,10 +177,11 @@ def run(args: argparse.Namespace) -> int:
     }
     (out_dir / "demo.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     if args.zoo:
+        from polyfhe.commands.models import bar_progress
         from polyfhe.commands.render import zoo_table
         from polyfhe.zoo import zoo_rows
 
-        console.print(zoo_table(zoo_rows(with_analyzer=True)))
+        console.print(zoo_table(zoo_rows(with_analyzer=True, progress=bar_progress)))
     checkpoint = out_dir / "calibrated"
     # raw [0, 1] images: a program exported from the checkpoint folds the normalisation into its first layer
     serve_commands(console, out_dir, checkpoint, m.model, data.x_train[:CALIBRATION_IMAGES], data.x_test[:1],

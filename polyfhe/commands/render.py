@@ -102,14 +102,17 @@ def zoo_table(rows: list[ZooRow]) -> Any:
     from rich.table import Table
 
     table = Table(title="polyfhe model zoo")
-    for col in ("model", "norm", "input", "classes", "params", "spec params", "GMACs",
-                "degree", "ct x ct", "levels", "spec ct x ct", "spec levels"):
+    macs = any(r.macs is not None for r in rows)
+    analyzed = any(r.degree is not None for r in rows)  # the analyzer's columns only when it ran
+    columns = ("model", "norm", "input", "classes", "params", "spec params", *(("GMACs",) if macs else ()),
+               *(("degree", "ct x ct", "levels") if analyzed else ()), "spec ct x ct", "spec levels")
+    for col in columns:
         table.add_column(col, justify="left" if col in ("model", "norm", "input") else "right")
     for r in rows:
         table.add_row(
             r.name, r.norm, "x".join(map(str, r.input_shape)), str(r.num_classes),
-            _fmt(r.params), _fmt(r.spec_params), _fmt(r.macs, 1e9, 3),
-            _fmt_degree(r.degree), _fmt(r.mult_depth), _fmt(r.levels),
+            _fmt(r.params), _fmt(r.spec_params), *((_fmt(r.macs, 1e9, 3),) if macs else ()),
+            *((_fmt_degree(r.degree), _fmt(r.mult_depth), _fmt(r.levels)) if analyzed else ()),
             _fmt(r.spec_ct_depth), _fmt(r.spec_levels),
         )
     return table
