@@ -10,6 +10,7 @@ whose key generation alone needs 17+ GB.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,8 +42,8 @@ from polyfhe.runtime.opcosts import (
 )
 from polyfhe.runtime.plaintexts import DEFAULT_PLAINTEXT_BYTES
 
-__all__ = ["BOOTSTRAP_KEYGEN_SECONDS", "BOOTSTRAP_MEASUREMENTS", "CostPrediction", "bootstrap_key_switches",
-           "bootstrap_seconds", "bootstrap_site", "calibrate", "calibrated_costs", "eval_threads", "key_bytes", "predict",
+__all__ = ["BOOTSTRAP_KEYGEN_SECONDS", "BOOTSTRAP_MEASUREMENTS", "CALIBRATION_SECONDS", "CostPrediction",
+           "bootstrap_key_switches", "bootstrap_seconds", "bootstrap_site", "calibrate", "calibrated_costs", "eval_threads", "key_bytes", "predict",
            "thread_speedup"]
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ def calibrate(engine: str, *, isolated: bool = True) -> OpCosts:
     from polyfhe.cost.opbench import calibrator, measure_base_rss
 
     probes_of = calibrator(engine)  # an engine without probes fails here, naming those with some
-    log.warning("calibrating %s operation costs on this machine (once per machine and engine version)", engine)
+    log.info("calibrating %s operation costs on this machine (once per machine and engine version)", engine)
     if isolated:
         import multiprocessing
 
@@ -130,13 +131,21 @@ def calibrate(engine: str, *, isolated: bool = True) -> OpCosts:
                      key_bytes=KeyBytesModel.fit(keys))
 
 
-def calibrated_costs(engine: str, *, directory: Path | None = None, recalibrate: bool = False) -> OpCosts:
-    """This machine's constants for ``engine``: the cached ones, else calibrated now and cached."""
+CALIBRATION_SECONDS = "10-60 s"  # SEAL about 11 s, Lattigo about 30 s on a 2-core machine (docs/cost-model.md)
+
+
+def calibrated_costs(engine: str, *, directory: Path | None = None, recalibrate: bool = False,
+                     progress: Callable[[str], None] | None = None) -> OpCosts:
+    """This machine's constants for ``engine``: the cached ones, else calibrated now and cached. ``progress`` is
+    told, in words, before a calibration starts (it takes :data:`CALIBRATION_SECONDS`)."""
     from polyfhe.program.engines import get_backend
 
     get_backend(engine).available()  # a missing engine fails here, saying how to install it
     costs = None if recalibrate else read_cached(engine, directory)
     if costs is None:
+        if progress is not None:
+            progress(f"measuring {engine}'s operation costs on this machine, once per machine and engine version "
+                     f"({CALIBRATION_SECONDS})")
         costs = calibrate(engine)
         path = write_cached(costs, directory)
         log.info("cached %s calibration in %s", engine, path)

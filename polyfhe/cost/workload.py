@@ -73,7 +73,7 @@ class TracedModel:
     input_size: int
     ops: tuple[TracedOp, ...]
     depth: int
-    widest: int  # padded values of the widest tensor
+    widest: int  # padded values of the widest tensor a ciphertext holds (maps composed into one are not held)
 
     def last_reads(self) -> dict[int, int]:
         """Register -> the highest level any op reads it at."""
@@ -110,6 +110,9 @@ class _Tracer:
     def __init__(self) -> None:
         self.ops: list[TracedOp] = []
         self.registers = 0
+        # padded values of the widest tensor held in ciphertexts: the input of a linear map that is itself the
+        # output of one is never held (the compiler composes adjacent maps, e.g. a two-conv patch embedding)
+        self.widest = 0
 
     @staticmethod
     def info(t):
@@ -140,9 +143,12 @@ class _Tracer:
         constant = next((a for a in flat if self.info(a) is None), None)
         if name in self.LINEAR or (name in self.MATMUL and len(tainted) == 1 and constant is not None):
             nnz = _linear_nonzeros(name, x, constant, y)
+            if not pending:
+                self.widest = max(self.widest, _padded(x.shape))
             self.ops.append(TracedOp("linear", base + 1, _padded(x.shape), _padded(y.shape), nnz, regs))
             state = (base, True, regs)
         elif (name in self.MUL and len(tainted) == 2) or (name in self.POW and _int_exponent(args) >= 2):
+            self.widest = max(self.widest, _padded(y.shape))
             times = max(1, math.ceil(math.log2(_int_exponent(args)))) if name in self.POW else 1
             level = materialised + times
             reg = self.new_register()
@@ -153,11 +159,13 @@ class _Tracer:
         elif name in self.MATMUL and len(tainted) == 2:
             reg = self.new_register()
             macs = int(np.prod(y.shape)) * int(x.shape[-1])
+            self.widest = max(self.widest, _padded(x.shape), _padded(tainted[1].shape), _padded(y.shape))
             self.ops.append(TracedOp("matmul", materialised + 1, _padded(x.shape) + _padded(tainted[1].shape),
                                      _padded(y.shape), macs, regs, reg))
             state = (materialised + 1, False, (reg,))
         elif name in self.ADD and len(tainted) == 2:
             reg = self.new_register()  # a residual sum: a checkpoint register the planner may read
+            self.widest = max(self.widest, _padded(y.shape))
             self.ops.append(TracedOp("add", materialised, _padded(y.shape), _padded(y.shape), 0, regs, reg))
             state = (base, pending, (reg,))
         else:  # reshapes, scalar scales, BatchNorm, pooling, adds of constants: merged into the maps
@@ -206,9 +214,8 @@ def trace_model(model, input_shape: tuple[int, ...]) -> TracedModel:
         y = model.eval()(x)
     info = tracer.info(y)
     depth = info[0] + info[1] if info else 0
-    ops = [op for op in tracer.ops]
-    widest = max([_padded(x.shape)] + [max(op.in_size if op.kind != "matmul" else 0, op.out_size) for op in ops])
-    return TracedModel(_padded(x.shape), tuple(ops), depth, widest)
+    widest = max(_padded(x.shape), _padded(y.shape), tracer.widest)
+    return TracedModel(_padded(x.shape), tuple(tracer.ops), depth, widest)
 
 
 def _bsgs(products: int, n_in: int, n_out: int) -> tuple[int, int]:
