@@ -19,7 +19,7 @@ def _inputs(circuit: Circuit, samples: np.ndarray | None, input_range: tuple[flo
     if samples is not None and len(samples):
         return np.asarray(samples[:SAMPLES], dtype=np.float64).reshape(min(len(samples), SAMPLES), -1)
     lo, hi = input_range  # no samples (a CalibrationResult, or none): uniform in the calibrated range
-    return np.random.default_rng(0).uniform(lo, hi, (SAMPLES, int(np.prod(circuit.input_shape[1:]))))
+    return np.random.default_rng(0).uniform(lo, hi, (SAMPLES, circuit.input_size))
 
 
 def noise_info(circuit: Circuit, params: CKKSParams, samples: np.ndarray | None,
