@@ -91,8 +91,39 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--allow-insecure", action="store_true",
                    help="serve programs whose CKKS parameters are below 128-bit security (security='none'; "
                         "tests and experiments only)")
+    _add_ray_arguments(p)
     p.add_argument("--test-eval-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: a slow model
     p.set_defaults(func=run)
+
+
+def replicas_range(text: str) -> tuple[int, int]:
+    """``MIN:MAX`` (or ``N`` for a fixed count) replicas."""
+    low, _, high = text.partition(":")
+    try:
+        bounds = (int(low), int(high or low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX replicas (e.g. 1:4), got {text!r}") from None
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"replicas need 1 <= MIN <= MAX, got {text!r}")
+    return bounds
+
+
+def _add_ray_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Ray Serve (--ray; needs pip install 'polyfhe[ray]'; docs/deploy-ray.md)")
+    g.add_argument("--ray", action="store_true",
+                   help="serve with Ray Serve replicas that scale with load; sessions' public contexts go to a key "
+                        "store every replica reads, so any replica serves any session")
+    g.add_argument("--replicas", type=replicas_range, default=(1, 1), metavar="MIN:MAX",
+                   help="key-holding replicas (default 1:1; MIN < MAX: Ray Serve autoscaling between them)")
+    g.add_argument("--key-store", default="polyfhe-keys", metavar="URL",
+                   help="where sessions' public contexts are kept: a local folder (default ./polyfhe-keys, made "
+                        "private) or an fsspec URL such as s3://bucket/prefix for a cluster of machines")
+    g.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="an existing Ray cluster (auto, HOST:PORT); default: start a local one on this machine")
+    g.add_argument("--ray-cpus", type=positive_int, default=None, metavar="N",
+                   help="CPUs of the local cluster (default: the machine's)")
+    g.add_argument("--requests-per-replica", type=positive_int, default=2, metavar="N",
+                   help="requests one replica evaluates at once (default 2; more wait in Ray Serve's queue)")
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
@@ -148,8 +179,52 @@ def _warm(registry: Any) -> None:
               flush=True)
 
 
+def run_ray(args: argparse.Namespace) -> int:
+    """``polyfhe serve --ray``: the same API on Ray Serve, until SIGINT or SIGTERM."""
+    try:
+        from polyfhe.serve import ray_app
+        from polyfhe.serve.registry import Registry, RegistryError
+
+        ray_app.require_ray()
+    except ImportError as exc:
+        print(f"error: polyfhe serve --ray needs Ray Serve: pip install 'polyfhe[ray]' ({exc})", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from polyfhe.serve.auth import TokenAuth, TokenFileError
+
+    try:
+        config = config_from_args(args)
+        if args.ssl_certfile or args.ssl_keyfile:
+            raise ValueError("--ray serves plain HTTP: terminate TLS in front of it (a load balancer or an ingress "
+                             "controller, docs/deploy-ray.md)")
+        if config.auth_token_file is not None:
+            TokenAuth.from_file(config.auth_token_file)
+        registry = Registry(config.programs_dir)
+        require_secure_models(registry, args.allow_insecure)
+        low, high = args.replicas
+        options = ray_app.RayOptions(low, high, key_store=args.key_store, threads_per_replica=args.threads or 1,
+                                     address=args.ray_address, num_cpus=args.ray_cpus,
+                                     max_ongoing_requests=args.requests_per_replica, plaintext_cache_bytes=None
+                                     if args.plaintext_cache_mb is None else int(args.plaintext_cache_mb * MIB))
+    except (ValueError, RegistryError, TokenFileError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for name, reason in registry.skipped.items():
+        print(f"warning: skipped {name}: {reason}", file=sys.stderr)
+    server = ray_app.start(config, options, args.host, args.port)
+    try:
+        print(f"serving {len(registry.models)} model(s) {', '.join(registry.names())} on {server.url}/ (Ray Serve, "
+              f"{low}:{high} key-holding replicas, {options.threads_per_replica} thread(s) each, key store "
+              f"{args.key_store})", flush=True)
+        ray_app.wait_for_signal()
+    finally:
+        server.stop()
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     apply_threads(args)
+    if getattr(args, "ray", False):
+        return run_ray(args)
     try:
         import uvicorn
 
@@ -173,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, RegistryError, TokenFileError, WorkerLost) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    for entry in getattr(app.state.polyfhe.host, "warmed", list)():
+    for entry in getattr(app.state.polyfhe.backend.host, "warmed", list)():
         print(f"warmed {entry['name']}: {entry['encoded']} plaintexts encoded in {entry['seconds']:.1f} s "
               f"({entry['bytes'] / 1e9:.2f} GB held, in each worker process)", flush=True)
     for name, reason in registry.skipped.items():

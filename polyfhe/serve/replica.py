@@ -1,0 +1,181 @@
+"""What one replica of ``polyfhe serve --ray`` does: hold some sessions' keys, loaded from the key store.
+
+:class:`SessionCache` loads a session's public context from the :class:`~polyfhe.serve.keystore.KeyStore` the
+first time the replica is asked for it (the context is checked against its record, then in full by the engine, as
+an upload is), keeps the keys of recent sessions within a byte budget (least recently used dropped first) and
+evaluates ciphertexts with them. Everything it answers is a :class:`Reply`, never an exception: a reply crosses a
+process boundary (Ray), and an engine's exception types stay here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from polyfhe.serve.errors import ApiError
+from polyfhe.serve.hosts import engine_call, open_server
+from polyfhe.serve.keystore import CorruptSession, KeyStore
+from polyfhe.serve.registry import Registry
+
+__all__ = ["HeldSession", "Reply", "SessionCache", "lost"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A replica's answer: ``status`` 200 with ``result`` (evaluations) or a refusal as :class:`ApiError` has."""
+
+    status: int = 200
+    code: str = ""
+    detail: str = ""
+    retry_after: int | None = None
+    extra: dict = field(default_factory=dict)
+    result: bytes | None = None
+    seconds: float = 0.0
+    replica: str = ""
+
+    @classmethod
+    def refusal(cls, exc: ApiError, replica: str = "") -> Reply:
+        return cls(exc.status, exc.code, exc.detail, exc.retry_after, dict(exc.extra), replica=replica)
+
+    def check(self) -> Reply:
+        """This reply, or its refusal raised as :class:`ApiError`."""
+        if self.status != 200:
+            raise ApiError(self.status, self.code, self.detail, self.retry_after, dict(self.extra))
+        return self
+
+
+def lost(why: str) -> ApiError:
+    return ApiError(410, "session_lost", f"the server cannot read this session's keys back ({why}); open a new "
+                    "session with the same public context (POST /v1/sessions?model=NAME)")
+
+
+@dataclass
+class HeldSession:
+    session_id: str
+    model: str
+    server: Any  # the engine's evaluator holding the session's public keys
+    key_bytes: int
+    last_used: float
+
+
+class SessionCache:
+    """Sessions held by this replica, at most ``budget_bytes`` of keys; ``on_evict(session_id)`` is told of every
+    session dropped (so the router stops sending its queries here first)."""
+
+    def __init__(self, registry: Registry, store: KeyStore, budget_bytes: int, max_context_bytes: int,
+                 max_ciphertext_bytes: int, ttl_s: float, name: str = "", eval_delay_s: float = 0.0,
+                 on_evict: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry, self.store, self.budget_bytes = registry, store, budget_bytes
+        self.max_context_bytes, self.max_ciphertext_bytes = max_context_bytes, max_ciphertext_bytes
+        self.ttl_s, self.name, self.eval_delay_s = ttl_s, name, eval_delay_s
+        self.on_evict = on_evict
+        self._clock = clock
+        self._held: collections.OrderedDict[str, HeldSession] = collections.OrderedDict()
+        self.loads_total = 0
+        self.evictions_total = 0
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(s.key_bytes for s in self._held.values())
+
+    def stats(self) -> dict:
+        return {"replica": self.name, "sessions": len(self._held), "key_bytes": self.held_bytes,
+                "key_budget_bytes": self.budget_bytes, "loads_total": self.loads_total,
+                "evictions_total": self.evictions_total}
+
+    # ------------------------------------------------------------------------------ loading
+    def _drop(self, session_id: str) -> None:
+        held = self._held.pop(session_id, None)
+        if held is None:
+            return
+        close = getattr(held.server, "close", None)
+        if close is not None:
+            close()
+        if self.on_evict is not None:
+            self.on_evict(session_id)
+
+    def _make_room(self, key_bytes: int) -> None:
+        if key_bytes > self.budget_bytes:
+            raise ApiError(507, "key_budget_exceeded", f"this session's keys ({key_bytes} bytes) exceed a "
+                           f"replica's key budget of {self.budget_bytes} bytes", extra={
+                               "key_budget_bytes": self.budget_bytes})
+        while self._held and self.held_bytes + key_bytes > self.budget_bytes:
+            session_id = next(iter(self._held))
+            self._drop(session_id)
+            self.evictions_total += 1
+            log.info("replica %s: dropped session %s's keys to make room", self.name, session_id[:8])
+
+    def load(self, session_id: str) -> HeldSession:
+        """The session's keys, from the store if this replica does not hold them (blocking: run it off the event
+        loop); :class:`ApiError` 404/410 when the store has no readable live copy, 400 when the engine refuses."""
+        held = self._held.get(session_id)
+        if held is not None:
+            self._held.move_to_end(session_id)
+            held.last_used = self._clock()
+            return held
+        t0 = time.perf_counter()
+        try:
+            record = self.store.record(session_id)
+            if record is None:
+                raise ApiError(404, "unknown_session", "no such session (never created, deleted, or forgotten); "
+                               "open one with POST /v1/sessions?model=NAME")
+            if record.state != "live":
+                raise ApiError(410, "session_expired", "this session expired; open a new one with "
+                               "POST /v1/sessions?model=NAME")
+            model = self.registry.get(record.model)
+            if model is None or model.program.program_id != record.program_id:
+                raise lost(f"this server no longer runs program {record.program_id}")
+            context = self.store.context(record)
+        except CorruptSession as exc:
+            log.warning("replica %s: session %s is unreadable in the key store: %s", self.name, session_id[:8], exc)
+            raise lost(str(exc)) from None
+        self._make_room(record.key_bytes)
+        server = engine_call(open_server, "context", model.program, context, self.max_context_bytes,
+                             self.max_ciphertext_bytes)
+        del context
+        held = HeldSession(session_id, record.model, server, record.key_bytes, self._clock())
+        self._held[session_id] = held
+        self.loads_total += 1
+        log.info("replica %s: loaded session %s (%d bytes of keys) in %.2f s", self.name, session_id[:8],
+                 record.key_bytes, time.perf_counter() - t0)
+        return held
+
+    # ------------------------------------------------------------------------------ requests
+    async def open(self, session_id: str, load: Callable[[str], Any]) -> Reply:
+        """Load a session just stored (``load``: the router's loader, which calls :meth:`load` off the loop)."""
+        t0 = time.perf_counter()
+        try:
+            await load(session_id)
+        except ApiError as exc:
+            return Reply.refusal(exc, self.name)
+        return Reply(seconds=time.perf_counter() - t0, replica=self.name)
+
+    async def run(self, session_id: str, body: bytes, load: Callable[[str], Any]) -> Reply:
+        try:
+            held = await load(session_id)
+            held.last_used = self._clock()
+            t0 = time.perf_counter()
+            if self.eval_delay_s:
+                await asyncio.sleep(self.eval_delay_s)
+            out = await asyncio.to_thread(engine_call, held.server.run, "ciphertext", body)
+        except ApiError as exc:
+            return Reply.refusal(exc, self.name)
+        return Reply(result=out, seconds=time.perf_counter() - t0, replica=self.name)
+
+    def drop(self, session_id: str) -> None:
+        self._drop(session_id)
+
+    def sweep(self) -> int:
+        """Drop the keys of sessions idle here past the TTL (the store decides whether they expired)."""
+        now = self._clock()
+        idle = [sid for sid, s in self._held.items() if now - s.last_used > self.ttl_s]
+        for session_id in idle:
+            self._drop(session_id)
+        return len(idle)
