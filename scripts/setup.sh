@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh machine: .venv/ at the repository root, torch first (CPU wheel),
-# then polyfhe in editable mode with its development extras, then the Fashion-MNIST data and Debian's chromium
-# (for the web-page test of the demo server) when apt can install them.
+# then polyfhe in editable mode with its development extras and Ray Serve (`polyfhe serve --ray`), then the
+# Fashion-MNIST data and Debian's chromium (for the web-page test of the demo server) when apt can install them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +23,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   "$PY" -m pip install --quiet --upgrade pip
   # torch must come first: anything that depends on torch would otherwise pull a CUDA build.
   "$PY" -m pip install --quiet "torch==$TORCH_VERSION"
-  "$PY" -m pip install --quiet -e ".[dev,serve]"
+  "$PY" -m pip install --quiet -e ".[dev,serve,ray]"  # ray: `polyfhe serve --ray` and its tests
   echo "$want" > "$STAMP"
   echo "[setup] installed polyfhe and its development extras into $VENV"
 else
