@@ -93,3 +93,40 @@ def test_bad_input_gets_the_same_4xx_as_the_single_process_server(ray_server, se
     on_ray, single = _bad_requests(ray_server.url, programs), _bad_requests(server.url, programs)
     assert on_ray == single
     assert all(400 <= status < 500 for _what, status, _code in on_ray), on_ray
+
+
+@pytest.mark.slow
+def test_the_cli_serves_on_ray_and_stops_cleanly(programs, samples, tmp_path) -> None:
+    """``polyfhe serve --ray`` as a user starts it (autoscaling 1:2 replicas, its own local cluster): an honest
+    query, the same limits in ``/v1/models``, and SIGTERM ends it (exit 0) with its cluster."""
+    import subprocess
+
+    from serve_testlib import start_server
+
+    x, plain = samples
+    keys = tmp_path / "keys"
+    server = start_server(programs["root"], tmp_path / "server.log", "--ray", "--replicas", "1:2", "--ray-cpus", "2",
+                          "--key-store", str(keys), "--max-ciphertext-mb", "1", startup_s=240)
+    try:
+        with ServeClient(server.url) as api, api.open_session(TINY) as session:
+            np.testing.assert_allclose(session.infer(x[0]).logits, plain[0], atol=1e-3)
+            assert api.request("GET", "/v1/stats").json()["host"]["isolation"] == "ray"
+            assert api.request("GET", "/v1/models").json()["limits"]["max_ciphertext_bytes"] == MIB
+        assert oct(keys.stat().st_mode & 0o777) == "0o700"
+        assert "Ray Serve, 1:2 key-holding replicas" in server.log_text()
+    finally:
+        server.proc.terminate()
+        try:
+            code = server.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.stop()
+            raise
+    assert code == 0, server.log_text()[-3000:]
+
+
+def test_the_cli_refuses_tls_with_ray(programs, capsys) -> None:
+    from polyfhe.cli import main
+
+    assert main(["serve", "--ray", "--programs", str(programs["root"]), "--ssl-certfile", "c.pem",
+                 "--ssl-keyfile", "k.pem"]) == 2
+    assert "terminate TLS in front" in capsys.readouterr().err
