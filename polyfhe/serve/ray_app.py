@@ -28,7 +28,7 @@ from typing import Any
 from polyfhe.serve.config import ServeConfig
 from polyfhe.serve.replica import Reply
 
-__all__ = ["APP_NAME", "RayOptions", "RayServer", "require_ray", "start", "wait_for_signal"]
+__all__ = ["APP_NAME", "RayOptions", "RayServer", "application", "require_ray", "start", "wait_for_signal"]
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +212,40 @@ def _front_app(config: ServeConfig, options: RayOptions, holder: Any) -> Any:
     return build_app(Served(config, registry, backend, Metrics(), auth),
                      what=f"sessions in Ray Serve replicas ({options.min_replicas}:{options.max_replicas}), keys "
                           "in the key store")
+
+
+_ARG_TYPES = {"programs": str, "key_store": str, "replicas": str, "threads_per_replica": int,
+              "requests_per_replica": int, "max_context_mb": float, "max_ciphertext_mb": float,
+              "key_budget_mb": float, "session_ttl": float, "max_sessions": int, "request_timeout": float,
+              "auth_token_file": str, "plaintext_cache_mb": float}
+
+
+def application(args: dict) -> Any:
+    """A Ray Serve application builder (``import_path: polyfhe.serve.ray_app:application``, for ``serve run`` and
+    KubeRay's RayService): ``args`` holds ``programs`` and ``key_store`` and optionally ``replicas`` ("MIN:MAX"),
+    ``threads_per_replica``, ``requests_per_replica`` and the limits of ``polyfhe serve`` (``max_context_mb``,
+    ``key_budget_mb``, ``session_ttl``, ...). Unknown keys are refused, so a typo does not pass unnoticed."""
+    unknown = sorted(set(args) - set(_ARG_TYPES))
+    if unknown or "programs" not in args or "key_store" not in args:
+        raise ValueError(f"polyfhe's Ray application takes programs and key_store, and optionally "
+                         f"{sorted(set(_ARG_TYPES) - {'programs', 'key_store'})}; got unknown {unknown}")
+    a = {k: _ARG_TYPES[k](v) for k, v in args.items()}
+    mib = 1 << 20
+    low, _, high = a.get("replicas", "1:1").partition(":")
+    limits = {"max_context_bytes": "max_context_mb", "max_ciphertext_bytes": "max_ciphertext_mb",
+              "key_budget_bytes": "key_budget_mb"}
+    config = ServeConfig(Path(a["programs"]), **{k: int(a[v] * mib) for k, v in limits.items() if v in a},
+                         **{k: a[v] for k, v in (("session_ttl_s", "session_ttl"), ("max_sessions", "max_sessions"),
+                                                 ("request_timeout_s", "request_timeout")) if v in a},
+                         auth_token_file=Path(a["auth_token_file"]) if "auth_token_file" in a else None)
+    cache = int(a["plaintext_cache_mb"] * mib) if "plaintext_cache_mb" in a else None
+    options = RayOptions(int(low), int(high or low), key_store=a["key_store"],
+                         threads_per_replica=a.get("threads_per_replica", 1),
+                         max_ongoing_requests=a.get("requests_per_replica", 2), plaintext_cache_bytes=cache)
+    if "://" not in options.key_store:  # a shared folder (NFS and the like), the same path on every node
+        options = _absolute_store(options, Path(options.key_store))
+    holder, front = _deployments(config, options, logging.INFO)
+    return front.bind(holder.bind())
 
 
 @dataclass

@@ -130,3 +130,14 @@ def test_the_cli_refuses_tls_with_ray(programs, capsys) -> None:
     assert main(["serve", "--ray", "--programs", str(programs["root"]), "--ssl-certfile", "c.pem",
                  "--ssl-keyfile", "k.pem"]) == 2
     assert "terminate TLS in front" in capsys.readouterr().err
+
+
+def test_the_application_builder_takes_the_serve_limits(programs, tmp_path) -> None:
+    """``import_path: polyfhe.serve.ray_app:application`` (KubeRay's RayService): bound without a cluster."""
+    from polyfhe.serve.ray_app import application
+
+    app = application({"programs": str(programs["root"]), "key_store": str(tmp_path), "replicas": "1:3",
+                       "key_budget_mb": 512, "session_ttl": 60, "threads_per_replica": 2})
+    assert type(app).__name__ == "Application"
+    with pytest.raises(ValueError, match="unknown"):
+        application({"programs": "p", "key_store": "k", "replica": "1:2"})
