@@ -7,6 +7,8 @@
     python bench/serve_load.py --server URL --model NAME          # an already running server
     python bench/serve_load.py -k 32 --attacker --isolation process thread --baseline-tree ../polyfhe-prev
                                                                   # one attacker beside 32 honest clients
+    python bench/serve_load.py --ray 1 2 --failover               # also `polyfhe serve --ray` with 1 and 2
+                                                                  # replicas, then a replica killed under load
 
 Each client makes its own keys and opens one session (key generation, upload and load: "session setup"), then
 all clients start together and send their requests in their session, one after another: encrypt -> POST ->
@@ -25,6 +27,12 @@ in the server's own process): the difference is what isolation costs per query.
 requests of ``serve_attacks.py`` (Galois keys with a zero random part and a single-residue ciphertext in the
 session they open, a 100,000-deep header, random bytes); its answers are counted by status (0: no answer), and
 whether the server was still alive at the end is reported.
+
+``--ray R [R ...]`` runs the same load, in the same run, against ``polyfhe serve --ray --replicas R:R`` (a local Ray
+cluster on loopback with ``--ray-cpus`` CPUs, a key store in a temporary folder) for each R, and reports each
+key-holding replica's peak RSS. ``--failover`` adds one run on ``max(R)`` replicas whose first replica is killed
+(SIGKILL) once half of the requests have been answered: the requests that failed (after the client's retries), the
+503s the server answered, and the recovery time (from the kill until every client had an answer again).
 
 Printed: the machine (CPU, cores, load average at the start), a markdown table, and written: ``--out/
 serve_load.json`` and a plot of latency and throughput against K (``--plot``, PNG). Peak server RSS is the sum of
@@ -139,6 +147,49 @@ def peak_rss(url: str, pid: int | None = None, seen: dict[int, int] | None = Non
     return None
 
 
+HOLDER_TITLE = "ray::ServeReplica:polyfhe:KeyHolder"  # the process title Ray gives a key-holding replica
+
+
+def holder_pids(pid: int) -> list[int]:
+    """The ``polyfhe serve --ray`` replicas that hold keys, among the server's descendants (its local cluster)."""
+    out = []
+    for p in _tree(pid):
+        try:
+            if Path(f"/proc/{p}/cmdline").read_bytes().startswith(HOLDER_TITLE.encode()):
+                out.append(p)
+        except OSError:
+            pass
+    return sorted(out)
+
+
+def answers_with(url: str, status: str) -> int:
+    """Infer requests the server answered with ``status`` (its /metrics)."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return 0
+    needle = f'route="/v1/sessions/{{session_id}}/infer",status="{status}"}} '
+    return sum(int(float(line.split()[-1])) for line in text.splitlines() if needle in line)
+
+
+def kill_a_replica(pid: int, after_fraction: float, total: int):
+    """A ``chaos`` for :func:`run_load`: SIGKILL the first key-holding replica once ``after_fraction`` of the
+    ``total`` requests were answered."""
+    import signal
+
+    def chaos(answered) -> float | None:
+        while answered() < after_fraction * total:
+            time.sleep(0.05)
+        victims = holder_pids(pid)
+        if not victims:
+            return None
+        os.kill(victims[0], signal.SIGKILL)
+        print(f"  killed replica process {victims[0]} after {answered()} answers", flush=True)
+        return time.perf_counter()
+
+    return chaos
+
+
 def server_commit(tree: Path) -> str:
     try:
         out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], check=False,
@@ -184,9 +235,11 @@ def attack(url: str, model: str, program, sample: np.ndarray, start: threading.B
 
 
 def run_load(url: str, model: str, clients: int, requests: int, program=None, retries: int = 10,
-             attacker: bool = False) -> dict:
+             attacker: bool = False, chaos=None) -> dict:
     """K threads, each its own session; the first request of each apart, then M - 1 timed together; with
-    ``attacker``, one more thread loops crafted requests meanwhile."""
+    ``attacker``, one more thread loops crafted requests meanwhile; ``chaos(answered)``, if given, runs in a thread
+    of its own once the clients start (``answered()``: requests answered so far) and returns when it struck (a
+    ``time.perf_counter()``, or None)."""
     with ServeClient(url) as api:
         manifest = api.manifest(model)
     shape = tuple(manifest.input_shape[1:])
@@ -200,6 +253,7 @@ def run_load(url: str, model: str, clients: int, requests: int, program=None, re
     errors: list[str] = []
     bytes_sent = [0]
     done_at: list[float] = []
+    answered: list[tuple[int, float]] = []  # (client, time) of every right answer
     lock = threading.Lock()
 
     def client(k: int) -> None:
@@ -233,6 +287,7 @@ def run_load(url: str, model: str, clients: int, requests: int, program=None, re
                             continue
                         (first if j == 0 else latencies).append(result.timings["total"])
                         server_s.append(result.timings["server"])
+                        answered.append((k, time.perf_counter()))
                 with lock:
                     done_at.append(time.perf_counter())
                 session.close()
@@ -251,9 +306,16 @@ def run_load(url: str, model: str, clients: int, requests: int, program=None, re
         t.start()
     start.wait()
     t0 = time.perf_counter()
+    struck: list[float | None] = []
+    chaos_thread = None
+    if chaos is not None:
+        chaos_thread = threading.Thread(target=lambda: struck.append(chaos(lambda: len(answered))))
+        chaos_thread.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    if chaos_thread is not None:
+        chaos_thread.join(600)
     stop.set()
     if attacker_thread is not None:
         attacker_thread.join(600)
@@ -271,7 +333,19 @@ def run_load(url: str, model: str, clients: int, requests: int, program=None, re
             "server_p50_s": statistics.median(server_s) if server_s else None,
             "session_setup_p50_s": statistics.median(setup_s) if setup_s else None,
             "session_setup_max_s": max(setup_s) if setup_s else None,
-            "bytes_sent": bytes_sent[0], "checked_against_plaintext": reference is not None}
+            "bytes_sent": bytes_sent[0], "checked_against_plaintext": reference is not None,
+            "recovery_s": _recovery(answered, struck[0] if struck else None, clients)}
+
+
+def _recovery(answered: list[tuple[int, float]], struck: float | None, clients: int) -> float | None:
+    """Seconds from ``struck`` until every client that still had requests to send got an answer again."""
+    if struck is None:
+        return None
+    after: dict[int, float] = {}
+    for k, t in answered:
+        if t > struck and k not in after:
+            after[k] = t
+    return max(after.values()) - struck if after else None
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -283,10 +357,19 @@ def _codes(codes: dict | None) -> str:
     return "-" if codes is None else ", ".join(f"{c}: {n}" for c, n in codes.items()) or "none"
 
 
+def _replicas(row: dict) -> str:
+    return " + ".join(f"{b / 1e6:.0f}" for b in row.get("replica_peak_rss_bytes") or []) or "-"
+
+
+def _seconds(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
 def markdown(rows: list[dict]) -> str:
     head = ("| server | clients x requests | ok / errors | first request p50 (cold), ms "
             "| p50 / p95 (warm), ms | server evaluation p50, ms | throughput, requests/s "
-            "| session setup p50 / max, s | peak server RSS, MB | attacker's answers (status: count) "
+            "| session setup p50 / max, s | peak server RSS, MB | key-holding replicas' peak RSS, MB "
+            "| 503 answers (retried) | recovery after the kill, s | attacker's answers (status: count) "
             "| alive at the end |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
@@ -296,7 +379,8 @@ def markdown(rows: list[dict]) -> str:
         tput = "-" if r["throughput_rps"] is None else f"{r['throughput_rps']:.1f}"
         lines.append(f"| {r['server']} | {r['clients']} x {r['requests_per_client']} | {r['ok']} / "
                      f"{r['errors']} | {_ms(r['first_p50_s'])} | {_ms(r['p50_s'])} / {_ms(r['p95_s'])} | "
-                     f"{_ms(r['server_p50_s'])} | {tput} | {setup} | {rss} | {_codes(r.get('attacker_codes'))} | "
+                     f"{_ms(r['server_p50_s'])} | {tput} | {setup} | {rss} | {_replicas(r)} | "
+                     f"{r.get('answers_503', '-')} | {_seconds(r.get('recovery_s'))} | {_codes(r.get('attacker_codes'))} | "
                      f"{'yes' if r.get('server_alive') else 'NO'} |")
     return "\n".join(lines)
 
@@ -330,6 +414,11 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _ray_flags(replicas: int, cpus: int, tmp: str) -> list[str]:
+    store = Path(tmp) / f"keys-{replicas}-{time.monotonic_ns()}"
+    return ["--ray", "--replicas", f"{replicas}:{replicas}", "--ray-cpus", str(cpus), "--key-store", str(store)]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", "-k", type=int, nargs="+", default=[8, 32],
@@ -348,6 +437,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="run this tree's server once per isolation mode (default: its default only)")
     p.add_argument("--attacker", action="store_true",
                    help="one more client loops crafted requests while the honest ones run (serve_attacks.py)")
+    p.add_argument("--ray", type=int, nargs="+", default=None, metavar="R",
+                   help="also serve with `polyfhe serve --ray --replicas R:R`, once per R (e.g. --ray 1 2)")
+    p.add_argument("--ray-cpus", type=int, default=os.cpu_count(), help="CPUs of the local Ray cluster")
+    p.add_argument("--failover", action="store_true",
+                   help="with --ray: one more run on max(R) replicas, the first killed under load")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for serve_load.json")
     p.add_argument("--plot", type=Path, default=DEFAULT_PLOT, help=f"PNG to write (default {DEFAULT_PLOT})")
     args = p.parse_args(argv)
@@ -371,8 +465,14 @@ def main(argv: list[str] | None = None) -> int:
             [(f"{mine}, {mode}", None, ["--isolation", mode]) for mode in args.isolation])
         if args.baseline_tree is not None:
             servers.append((f"baseline {server_commit(args.baseline_tree)}", args.baseline_tree, []))
+        for r in args.ray or []:
+            servers.append((f"ray, {r} replica{'s' if r > 1 else ''}", None, _ray_flags(r, args.ray_cpus, tmp)))
+        failover = []
+        if args.ray and args.failover:
+            r = max(args.ray)
+            failover = [(f"ray, {r} replicas, one killed", None, _ray_flags(r, args.ray_cpus, tmp))]
         for k in args.clients:
-            for name, tree, flags in servers if args.server is None else [("given", None, [])]:
+            for name, tree, flags in servers + failover if args.server is None else [("given", None, [])]:
                 proc, url, pid = None, args.server, None
                 try:
                     if url is None:
@@ -387,8 +487,13 @@ def main(argv: list[str] | None = None) -> int:
                     if card is None:
                         raise SystemExit(f"the server has no model {args.model!r}")
                     t0 = time.perf_counter()
-                    result = run_load(url, args.model, k, args.requests, program, args.retries, args.attacker)
+                    killed = name.endswith("one killed") and pid is not None
+                    chaos = kill_a_replica(pid, 0.5, k * args.requests) if killed else None
+                    result = run_load(url, args.model, k, args.requests, program, args.retries, args.attacker,
+                                      chaos)
+                    replicas = [_hwm(p) for p in holder_pids(pid)] if pid is not None else []
                     row = {"server": name, **result, "peak_rss_bytes": peak_rss(url, pid),
+                           "replica_peak_rss_bytes": replicas, "answers_503": answers_with(url, "503"),
                            "params": card.get("params_text"), "run_s": time.perf_counter() - t0}
                 finally:
                     if proc is not None:

@@ -123,7 +123,8 @@ def _add_ray_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ray-cpus", type=positive_int, default=None, metavar="N",
                    help="CPUs of the local cluster (default: the machine's)")
     g.add_argument("--requests-per-replica", type=positive_int, default=2, metavar="N",
-                   help="requests one replica evaluates at once (default 2; more wait in Ray Serve's queue)")
+                   help="evaluations one replica runs at once (default 2); more requests wait inside the replica "
+                        "that holds their session's keys")
 
 
 def config_from_args(args: argparse.Namespace) -> Any:

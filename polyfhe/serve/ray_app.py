@@ -48,8 +48,8 @@ class RayOptions:
     address: str | None = None  # an existing cluster ("auto", "HOST:PORT"); None: start a local one
     num_cpus: int | None = None  # CPUs of a local cluster (None: the machine's)
     object_store_bytes: int = 256 << 20  # the local cluster's object store
-    target_ongoing_requests: float = 1.0  # autoscaling: requests in flight per replica it aims at
-    max_ongoing_requests: int = 2  # requests one replica takes at once (more wait in Serve's queue)
+    target_ongoing_requests: float = 2.0  # autoscaling: requests per replica (evaluating or waiting) it aims at
+    max_ongoing_requests: int = 2  # evaluations one replica runs at once; more requests wait in the replica
     plaintext_cache_bytes: int | None = None  # per model, per replica
 
     def __post_init__(self) -> None:
@@ -108,6 +108,9 @@ class _ServeHolder:
         except BackPressureError:
             return Reply(503, "server_busy", "every replica is busy and their queues are full; retry after the "
                          "time in Retry-After", retry_after=2)
+        except ray.exceptions.RayTaskError as exc:  # the replica is alive; the method failed (a bug)
+            log.error("a replica failed on a request (%s)", type(exc).__name__)
+            return Reply(500, "internal_error", "the server failed on this request; nothing was kept")
         except (ray.exceptions.RayError, ConnectionError) as exc:
             log.warning("a replica ended during a request (%s)", type(exc).__name__)
             return Reply(503, "worker_lost", "the replica evaluating this request ended before it answered; "
@@ -131,7 +134,10 @@ def _deployments(config: ServeConfig, options: RayOptions, level: int) -> Any:
     _ray, serve = require_ray()
     env = {"POLYFHE_THREADS": str(options.threads_per_replica)}
 
-    @serve.deployment(name=HOLDER, max_ongoing_requests=options.max_ongoing_requests,
+    # A replica accepts many more requests than it evaluates at once: Serve's router sends a session's query to
+    # another replica (which must load the keys) when the one holding them is at its limit, so the queue belongs
+    # inside the replica, where the query waits for the keys it needs.
+    @serve.deployment(name=HOLDER, max_ongoing_requests=max(16, 8 * options.max_ongoing_requests),
                       ray_actor_options={"num_cpus": options.threads_per_replica,
                                          "runtime_env": {"env_vars": env}},
                       **options.scaling())
@@ -144,7 +150,8 @@ def _deployments(config: ServeConfig, options: RayOptions, level: int) -> Any:
             self.cache = SessionCache(_registry(config, options.plaintext_cache_bytes), KeyStore(options.key_store),
                                       config.key_budget_bytes, config.max_context_bytes,
                                       config.max_ciphertext_bytes, config.session_ttl_s, _replica_name(),
-                                      config.eval_delay_s, on_evict=self._forget)
+                                      config.eval_delay_s, on_evict=self._forget,
+                                      concurrency=options.max_ongoing_requests)
             self._sweeper = asyncio.get_event_loop().create_task(self._sweep()) if _loop_running() else None
 
         def _forget(self, session_id: str) -> None:
@@ -292,9 +299,10 @@ def start(config: ServeConfig, options: RayOptions, host: str = "127.0.0.1", por
         if options.address is not None:
             ray.init(address=options.address, log_to_driver=False)
         else:
+            # Serve's HTTP proxy listens on ``host`` only; Ray's own gRPC ports listen on the node's address
+            # (Ray replaces a loopback address by a reachable one) and are guarded by Ray's token authentication
             ray.init(address="local", num_cpus=options.num_cpus, object_store_memory=options.object_store_bytes,
-                     include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-                     configure_logging=False)
+                     include_dashboard=False, log_to_driver=False, configure_logging=False)
             started = True
     try:
         serve.start(http_options={"host": host, "port": port})

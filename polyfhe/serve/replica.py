@@ -71,12 +71,14 @@ class SessionCache:
 
     def __init__(self, registry: Registry, store: KeyStore, budget_bytes: int, max_context_bytes: int,
                  max_ciphertext_bytes: int, ttl_s: float, name: str = "", eval_delay_s: float = 0.0,
-                 on_evict: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 on_evict: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 concurrency: int = 2) -> None:
         self.registry, self.store, self.budget_bytes = registry, store, budget_bytes
         self.max_context_bytes, self.max_ciphertext_bytes = max_context_bytes, max_ciphertext_bytes
         self.ttl_s, self.name, self.eval_delay_s = ttl_s, name, eval_delay_s
         self.on_evict = on_evict
         self._clock = clock
+        self._evaluating = asyncio.Semaphore(concurrency)  # evaluations at once; other requests wait here
         self._held: collections.OrderedDict[str, HeldSession] = collections.OrderedDict()
         self.loads_total = 0
         self.evictions_total = 0
@@ -155,18 +157,28 @@ class SessionCache:
             await load(session_id)
         except ApiError as exc:
             return Reply.refusal(exc, self.name)
+        except Exception as exc:  # noqa: BLE001 - a bug or the store unreachable: this request only
+            return self._failed(exc)
         return Reply(seconds=time.perf_counter() - t0, replica=self.name)
+
+    def _failed(self, exc: Exception) -> Reply:
+        log.error("replica %s: internal error: %s", self.name, type(exc).__name__)  # the type only
+        return Reply(500, "internal_error", f"the server failed on this request ({type(exc).__name__}); nothing "
+                     "was kept", replica=self.name)
 
     async def run(self, session_id: str, body: bytes, load: Callable[[str], Any]) -> Reply:
         try:
             held = await load(session_id)
             held.last_used = self._clock()
-            t0 = time.perf_counter()
-            if self.eval_delay_s:
-                await asyncio.sleep(self.eval_delay_s)
-            out = await asyncio.to_thread(engine_call, held.server.run, "ciphertext", body)
+            async with self._evaluating:
+                t0 = time.perf_counter()
+                if self.eval_delay_s:
+                    await asyncio.sleep(self.eval_delay_s)
+                out = await asyncio.to_thread(engine_call, held.server.run, "ciphertext", body)
         except ApiError as exc:
             return Reply.refusal(exc, self.name)
+        except Exception as exc:  # noqa: BLE001 - a bug or the store unreachable: this request only
+            return self._failed(exc)
         return Reply(result=out, seconds=time.perf_counter() - t0, replica=self.name)
 
     def drop(self, session_id: str) -> None:
