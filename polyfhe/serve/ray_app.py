@@ -287,8 +287,8 @@ class RayServer:
 
 
 def start(config: ServeConfig, options: RayOptions, host: str = "127.0.0.1", port: int = 8000) -> RayServer:
-    """Deploy the application on Ray Serve and return once it answers; starts a local cluster (loopback, no
-    dashboard, no usage statistics) unless ``options.address`` names one."""
+    """Deploy the application on Ray Serve and return once it answers; starts a local cluster (no dashboard, no
+    usage statistics, the HTTP proxy on ``host``) unless ``options.address`` names one."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray, serve = require_ray()
     store = Path(options.key_store)

@@ -1,5 +1,5 @@
-"""``polyfhe serve --ray`` on a local Ray cluster (loopback, 2 CPUs, no dashboard): two key-holding replicas, a
-session opened through one is served by the other after the first is killed, honest answers equal the
+"""``polyfhe serve --ray`` on a local Ray cluster (2 CPUs, no dashboard, HTTP on 127.0.0.1): two key-holding
+replicas, a session opened through one is served by the other after the first is killed, honest answers equal the
 single-process server's, and bad input gets the same 4xx as ``polyfhe serve``."""
 
 from __future__ import annotations
