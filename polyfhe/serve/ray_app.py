@@ -152,31 +152,47 @@ def _deployments(config: ServeConfig, options: RayOptions, level: int) -> Any:
                                       config.max_ciphertext_bytes, config.session_ttl_s, _replica_name(),
                                       config.eval_delay_s, on_evict=self._forget,
                                       concurrency=options.max_ongoing_requests)
-            self._sweeper = asyncio.get_event_loop().create_task(self._sweep()) if _loop_running() else None
+            self._dropped: list[str] = []  # sessions the cache dropped, to take out of Serve's table on the loop
+            self._sweeper: asyncio.Task | None = None
 
         def _forget(self, session_id: str) -> None:
-            """Tell Serve's router this replica no longer holds the session (its multiplexing table)."""
+            self._dropped.append(session_id)  # may run on a loading thread: the loop applies it (_sync)
+
+        def _sync(self) -> None:
+            """Tell Serve's router which sessions this replica dropped (its multiplexing table, on the loop), and
+            start the idle sweep on the first request (the constructor may run outside the event loop)."""
             table = getattr(self, "__serve_multiplex_wrapper", None)
-            if table is not None:
-                table.models.pop(session_id, None)
+            while self._dropped:
+                session_id = self._dropped.pop()
+                if table is not None:
+                    table.models.pop(session_id, None)
+            if self._sweeper is None:
+                self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
         async def _sweep(self) -> None:
             while True:
                 await asyncio.sleep(min(30.0, max(0.5, config.session_ttl_s / 4)))
                 self.cache.sweep()
+                self._sync()
 
         @serve.multiplexed(max_num_models_per_replica=-1)  # the cache's byte budget bounds it
         async def _load(self, session_id: str) -> Any:
-            return await asyncio.to_thread(self.cache.load, session_id)
+            try:
+                return await asyncio.to_thread(self.cache.load, session_id)
+            finally:
+                self._sync()
 
         async def open(self, session_id: str) -> Reply:
+            self._sync()
             return await self.cache.open(session_id, self._load)
 
         async def run(self, session_id: str, body: bytes) -> Reply:
+            self._sync()
             return await self.cache.run(session_id, body, self._load)
 
         async def drop(self, session_id: str) -> Reply:
             self.cache.drop(session_id)
+            self._sync()
             return Reply()
 
         def stats(self) -> dict:
@@ -196,14 +212,6 @@ def _deployments(config: ServeConfig, options: RayOptions, level: int) -> Any:
             return _front_app(config, options, _ServeHolder(self.holder))
 
     return KeyHolder, Front
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        return False
 
 
 def _front_app(config: ServeConfig, options: RayOptions, holder: Any) -> Any:

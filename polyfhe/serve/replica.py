@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,22 +80,30 @@ class SessionCache:
         self.on_evict = on_evict
         self._clock = clock
         self._evaluating = asyncio.Semaphore(concurrency)  # evaluations at once; other requests wait here
+        self._lock = threading.Lock()  # loads run on a thread while the event loop sweeps and reports
         self._held: collections.OrderedDict[str, HeldSession] = collections.OrderedDict()
         self.loads_total = 0
         self.evictions_total = 0
 
     @property
     def held_bytes(self) -> int:
-        return sum(s.key_bytes for s in self._held.values())
+        with self._lock:
+            return sum(s.key_bytes for s in self._held.values())
+
+    def held(self) -> list[str]:
+        """Held session ids, least recently used first."""
+        with self._lock:
+            return list(self._held)
 
     def stats(self) -> dict:
-        return {"replica": self.name, "sessions": len(self._held), "key_bytes": self.held_bytes,
+        return {"replica": self.name, "sessions": len(self.held()), "key_bytes": self.held_bytes,
                 "key_budget_bytes": self.budget_bytes, "loads_total": self.loads_total,
                 "evictions_total": self.evictions_total}
 
     # ------------------------------------------------------------------------------ loading
     def _drop(self, session_id: str) -> None:
-        held = self._held.pop(session_id, None)
+        with self._lock:
+            held = self._held.pop(session_id, None)
         if held is None:
             return
         close = getattr(held.server, "close", None)
@@ -108,8 +117,8 @@ class SessionCache:
             raise ApiError(507, "key_budget_exceeded", f"this session's keys ({key_bytes} bytes) exceed a "
                            f"replica's key budget of {self.budget_bytes} bytes", extra={
                                "key_budget_bytes": self.budget_bytes})
-        while self._held and self.held_bytes + key_bytes > self.budget_bytes:
-            session_id = next(iter(self._held))
+        while self.held() and self.held_bytes + key_bytes > self.budget_bytes:
+            session_id = self.held()[0]
             self._drop(session_id)
             self.evictions_total += 1
             log.info("replica %s: dropped session %s's keys to make room", self.name, session_id[:8])
@@ -117,11 +126,12 @@ class SessionCache:
     def load(self, session_id: str) -> HeldSession:
         """The session's keys, from the store if this replica does not hold them (blocking: run it off the event
         loop); :class:`ApiError` 404/410 when the store has no readable live copy, 400 when the engine refuses."""
-        held = self._held.get(session_id)
-        if held is not None:
-            self._held.move_to_end(session_id)
-            held.last_used = self._clock()
-            return held
+        with self._lock:
+            held = self._held.get(session_id)
+            if held is not None:
+                self._held.move_to_end(session_id)
+                held.last_used = self._clock()
+                return held
         t0 = time.perf_counter()
         try:
             record = self.store.record(session_id)
@@ -143,7 +153,8 @@ class SessionCache:
                              self.max_ciphertext_bytes)
         del context
         held = HeldSession(session_id, record.model, server, record.key_bytes, self._clock())
-        self._held[session_id] = held
+        with self._lock:
+            self._held[session_id] = held
         self.loads_total += 1
         log.info("replica %s: loaded session %s (%d bytes of keys) in %.2f s", self.name, session_id[:8],
                  record.key_bytes, time.perf_counter() - t0)
@@ -187,7 +198,8 @@ class SessionCache:
     def sweep(self) -> int:
         """Drop the keys of sessions idle here past the TTL (the store decides whether they expired)."""
         now = self._clock()
-        idle = [sid for sid, s in self._held.items() if now - s.last_used > self.ttl_s]
+        with self._lock:
+            idle = [sid for sid, s in self._held.items() if now - s.last_used > self.ttl_s]
         for session_id in idle:
             self._drop(session_id)
         return len(idle)

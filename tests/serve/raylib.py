@@ -37,7 +37,7 @@ class LocalReplicas:
         i = self.where.get(session_id)
         if i is None or not self.alive[i]:
             live = [j for j in range(len(self.caches)) if self.alive[j]]
-            i = min(live, key=lambda j: len(self.caches[j]._held))
+            i = min(live, key=lambda j: len(self.caches[j].held()))
             self.where[session_id] = i
         return i
 
@@ -46,7 +46,8 @@ class LocalReplicas:
         self.alive[index] = False
         cache = self.caches[index]
         self.lose_next |= {sid for sid, j in self.where.items() if j == index}
-        cache._held.clear()
+        for session_id in cache.held():
+            cache.drop(session_id)
 
     def _cache(self, session_id: str) -> tuple[SessionCache, object]:
         cache = self.caches[self.route(session_id)]

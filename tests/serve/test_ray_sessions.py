@@ -155,9 +155,9 @@ def test_a_replica_keeps_keys_within_its_budget(programs, samples, tmp_path) -> 
     with TestClient(app) as http:
         a, b = _open(http, keys), _open(http, keys)
         cache = replicas.caches[0]
-        assert list(cache._held) == [b] and cache.evictions_total == 1
+        assert cache.held() == [b] and cache.evictions_total == 1
         np.testing.assert_allclose(keys.decrypt(_infer(http, keys, a, x[0]).content)[0], plain[0], atol=1e-3)
-        assert list(cache._held) == [a] and cache.loads_total == 3
+        assert cache.held() == [a] and cache.loads_total == 3
 
 
 def test_serve_ray_without_ray_says_how_to_install(monkeypatch, programs, capsys) -> None:
