@@ -17,7 +17,7 @@ import onnx
 from polyfhe.analysis.errors import ModelLoadError
 from polyfhe.analysis.graph import topological_order
 
-__all__ = ["ModelLike", "ModelLoadError", "default_opset", "load_model"]
+__all__ = ["ModelLike", "ModelLoadError", "default_opset", "input_dims", "load_model"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,21 @@ def load_model(model: ModelLike) -> onnx.ModelProto:
     proto = _parse(model)
     _validate(proto)
     return _inline_functions(proto)
+
+
+def input_dims(path: str | os.PathLike) -> list[int | None]:
+    """Dimensions of an ONNX file's graph input (its first input that is not an initializer; None where the
+    graph leaves one symbolic), read without external data; raises :class:`ModelLoadError` when the file cannot
+    be read or has no input."""
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception as exc:  # protobuf raises several types on corrupt files
+        raise ModelLoadError(f"{path} is not a readable ONNX model: {type(exc).__name__}: {exc}") from exc
+    initializers = {t.name for t in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in initializers]
+    if not inputs:
+        raise ModelLoadError(f"{path} has no graph input")
+    return [d.dim_value if d.HasField("dim_value") else None for d in inputs[0].type.tensor_type.shape.dim]
 
 
 def default_opset(model: onnx.ModelProto) -> int:

@@ -188,17 +188,12 @@ def _input_shape(model: Any) -> tuple[int, ...] | None:
     if not isinstance(model, Path):
         shape = getattr(model, "input_shape", None)
         return tuple(int(s) for s in shape) if shape is not None else None
-    import onnx
+    from polyfhe.analysis.loader import ModelLoadError, input_dims
 
     try:
-        graph = onnx.load(str(model), load_external_data=False).graph
-    except Exception as exc:  # protobuf raises several types on corrupt files
-        raise ExportInputError(f"{model} is not a readable ONNX model: {type(exc).__name__}: {exc}") from exc
-    initializers = {t.name for t in graph.initializer}
-    inputs = [i for i in graph.input if i.name not in initializers]
-    if not inputs:
-        raise ExportInputError(f"{model} has no graph input")
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in inputs[0].type.tensor_type.shape.dim]
+        dims = input_dims(model)
+    except ModelLoadError as exc:
+        raise ExportInputError(str(exc)) from exc
     return tuple(dims[1:]) if dims and all(d for d in dims[1:]) else None
 
 

@@ -262,19 +262,11 @@ def model_cost(name: str, img_size: int | None = None, engine: str = "seal", *, 
 
 def onnx_input_shape(path: str | Path) -> tuple[int, ...]:
     """(C, H, W) of an ONNX file's graph input (its first non-initializer input, batch dimension dropped)."""
-    import onnx
+    from polyfhe.analysis.loader import input_dims
 
-    try:
-        graph = onnx.load(str(path), load_external_data=False).graph
-    except Exception as exc:  # protobuf raises several types on corrupt files
-        raise ValueError(f"{path} is not a readable ONNX model: {type(exc).__name__}: {exc}") from exc
-    initializers = {t.name for t in graph.initializer}
-    inputs = [i for i in graph.input if i.name not in initializers]
-    if not inputs:
-        raise ValueError(f"{path} has no graph input")
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in inputs[0].type.tensor_type.shape.dim]
+    dims = input_dims(path)  # a ModelLoadError is a ValueError
     if len(dims) < 2 or not all(dims[1:]):
-        raise ValueError(f"{path}: the input {inputs[0].name!r} has shape {dims} (None: symbolic); polyfhe cost "
+        raise ValueError(f"{path}: the graph input has shape {dims} (None: symbolic); polyfhe cost "
                          "needs every dimension but the batch fixed")
     return tuple(int(d) for d in dims[1:])
 
