@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from ckks_testlib import digits, digits_mlp, square_cnn
+from cost_testlib import synthetic_costs
 
 from polyfhe.cost.model import predict, thread_speedup
 from polyfhe.cost.workload import Workload, program_workload, trace_model
@@ -77,12 +78,7 @@ def test_key_bytes_model_recovers_weights():
 # ------------------------------------------------------------------------------------------------------------
 # cache
 # ------------------------------------------------------------------------------------------------------------
-def _costs(engine: str) -> OpCosts:
-    constants = {"rotation": (0.0, 1.0, 0.5), "hoisted_rotation": (0.0, 0.2, 0.2), "transform": (500.0, 0.0, 0.5),
-                 "encode": (0.0, 1.5, 0.0), "plain_product": (0.0, 0.3, 0.0), "ct_product": (0.0, 3.0, 0.9),
-                 "rescale": (0.0, 1.4, 0.0), "add": (0.0, 0.1, 0.0), "io": (100.0, 1.0, 0.0)}
-    return OpCosts(engine, constants, machine_fingerprint(engine), base_rss_bytes=200 << 20,
-                   key_bytes=KeyBytesModel((0.0, 8.0, 0.0, 0.0)))
+_costs = synthetic_costs
 
 
 def test_cache_round_trip_and_invalidation(tmp_path, monkeypatch):
