@@ -124,10 +124,13 @@ def _insecure_params() -> dict:
     its own ring, for deep programs whose 128-bit bootstrapping keys do not fit this machine (the deep recipe's
     slow test does the same). Timings then compare trees, not what a 128-bit deployment costs."""
     logn = os.environ.get("POLYFHE_BENCH_INSECURE_RING")
+    memory = os.environ.get("POLYFHE_BENCH_BOOTSTRAP_MEMORY_GB")
+    extra = {} if memory is None else {"bootstrap_memory": int(float(memory) * 1e9)}
     if not logn:
-        return {}
+        return extra
     params = _tree_attr("CKKSParams", "polyfhe.fhe.params", "polyfhe.program.params")
-    return {"params": params(1 << int(logn), (60, *(40,) * 7, 60), 40, security="none"), "allow_insecure": True}
+    return {"params": params(1 << int(logn), (60, *(40,) * 7, 60), 40, security="none"), "allow_insecure": True,
+            **extra}
 
 
 def _model_file_case(name: str, model_file: Path, images: int):
@@ -642,6 +645,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--insecure-ring", type=int, metavar="LOGN",
                         help="compile on an INSECURE N=2^LOGN chain that bootstraps on its own ring (deep models "
                              "whose 128-bit bootstrapping keys do not fit this machine); both trees alike")
+    parser.add_argument("--bootstrap-memory", type=float, metavar="GB",
+                        help="the memory budget bootstrapped programs are planned for (export's bootstrap_memory; "
+                             "default 75%% of this machine's), both trees alike: a plan predicted just over the "
+                             "default is then measured as planned instead of factored")
     parser.add_argument("--compile-memory-cap", type=float, metavar="GB",
                         help="cap each tree's compile process at GB of address space (RLIMIT_AS): a compile that "
                              "would outgrow the machine fails with MemoryError and is reported, instead of being "
@@ -664,6 +671,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["POLYFHE_BENCH_PLAINTEXT_GB"] = str(args.plaintext_cache_gb)  # read by compile and server stages
     if args.insecure_ring:
         os.environ["POLYFHE_BENCH_INSECURE_RING"] = str(args.insecure_ring)  # read by the compile stages
+    if args.bootstrap_memory:
+        os.environ["POLYFHE_BENCH_BOOTSTRAP_MEMORY_GB"] = str(args.bootstrap_memory)  # read by the compile stages
     if args.compile_memory_cap:
         os.environ["POLYFHE_BENCH_COMPILE_CAP_GB"] = str(args.compile_memory_cap)  # read by the compile stages
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -692,6 +701,8 @@ def main(argv: list[str] | None = None) -> int:
         info["model_files"] = {case: str(path) for case, path in model_files.items()}
     if args.insecure_ring:
         info["insecure_ring"] = f"N=2^{args.insecure_ring}, security none (both trees)"
+    if args.bootstrap_memory:
+        info["bootstrap_memory"] = f"{args.bootstrap_memory:g} GB (both trees)"
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         base = None if args.baseline == "none" else baseline_tree(args.baseline, Path(tmp) / "baseline")

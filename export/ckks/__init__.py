@@ -47,6 +47,7 @@ def export_ckks(
     spend_levels: bool = True,
     bootstrap: str = "auto",
     bootstrap_memory: int | None = None,
+    pack_bootstraps: bool = True,
     replicate_input: bool = True,
     compile_memory: int | None = None,
     upload_budget: int | None = None,
@@ -72,6 +73,8 @@ def export_ckks(
     cheaper residual chains whose keys would not fit are passed over, and said so in the log. A leveled ring
     the engine cannot serve (Lattigo: its Galois keys alone over a server's context limit) is given up for a
     bootstrapped residual ring when bootstrapping is allowed.
+    ``pack_bootstraps``: where a cut refreshes several narrow registers, place each in its own block of slots and
+    refresh them with one bootstrap (``pack.py``: no level spent); ``False`` bootstraps each register alone.
     ``replicate_input`` (single layout): let the client pack each token's input window im2col-style (pixels
     written to several slots) when that cuts the diagonals of the maps reading the input (``replicate.py``:
     overlapping strided stems); ``False`` packs every input value once.
@@ -87,6 +90,7 @@ def export_ckks(
         poly_modulus_degree=poly_modulus_degree, scale_bits=scale_bits, allow_insecure=allow_insecure,
         batch_memory_budget=batch_memory_budget, galois_key_budget=galois_key_budget,
         samples_per_ciphertext=samples_per_ciphertext, backend=backend, spend_levels=spend_levels,
-        bootstrap=bootstrap, bootstrap_memory=bootstrap_memory, replicate_input=replicate_input,
+        bootstrap=bootstrap, bootstrap_memory=bootstrap_memory, pack_bootstraps=pack_bootstraps,
+        replicate_input=replicate_input,
         compile_memory=compile_memory, upload_budget=upload_budget)
     return compile_model(model, options)

@@ -19,7 +19,7 @@ values into the bootstrap's input interval come from a calibration run of the pr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -73,10 +73,14 @@ class BootstrapPlan:
     cuts: tuple[int, ...]
     refreshed: tuple[tuple[int, ...], ...]  # per cut: the (original) registers bootstrapped there
     slots: int | None = None
+    packed: tuple[bool, ...] = ()  # per cut: its registers share one bootstrap (``pack.py``); empty: none do
+
+    def is_packed(self, index: int) -> bool:
+        return bool(self.packed) and self.packed[index]
 
     @property
     def count(self) -> int:
-        return sum(len(r) for r in self.refreshed)
+        return sum(1 if self.is_packed(i) else len(r) for i, r in enumerate(self.refreshed))
 
     def levels_left(self) -> list[int]:
         """Levels left after each segment ends (the budget minus what the segment used)."""
@@ -86,6 +90,7 @@ class BootstrapPlan:
 
     def to_info(self) -> dict:
         return {"count": self.count, "cuts_after_level": list(self.cuts), "registers": [list(r) for r in self.refreshed],
+                "packed": [self.is_packed(i) for i in range(len(self.cuts))],
                 "levels_left_after_segment": self.levels_left(), "levels_needed": self.depth,
                 "levels_per_segment": self.budget}
 
@@ -109,10 +114,13 @@ class _Segments:
         # a step at relative level l runs on a ciphertext of budget - l + 2 primes (the special one excluded)
         return float(sum(self.work_at[lv] * (self.budget - (lv - start) + 2) for lv in range(start + 1, end + 1)))
 
-    def cheapest(self, admissible: Callable[[tuple[int, ...]], bool]) -> BootstrapPlan | None:
+    def cheapest(self, admissible: Callable[[tuple[int, ...]], bool],
+                 packs: Callable[[int, tuple[int, ...]], bool] | None = None) -> BootstrapPlan | None:
         """Fewest bootstraps, then least work, over the cuts whose refreshed registers are all ``admissible``
-        (a shortest path over the levels); None when no placement has only admissible cuts."""
+        (a shortest path over the levels); None when no placement has only admissible cuts. ``packs(cut,
+        registers)``: whether a cut's registers share one bootstrap (it then counts one)."""
         depth, budget = self.depth, self.budget
+        shared = packs or (lambda cut, regs: False)
         # best[c] = (bootstraps, work, previous cut) for a segment ending with a cut after level c; 0 is the start
         best: dict[int, tuple[int, float, int | None]] = {0: (0, 0.0, None)}
         for cut in range(1, depth):
@@ -121,7 +129,8 @@ class _Segments:
                 if 0 < cut - prev <= budget - 1:
                     regs = self.refreshed(prev, cut)
                     if admissible(regs):
-                        options.append((boots + len(regs), work + self.work(prev, cut), prev))
+                        count = 1 if shared(cut, regs) else len(regs)
+                        options.append((boots + count, work + self.work(prev, cut), prev))
             if options:
                 best[cut] = min(options)
         finals = [(b, w + self.work(p, depth), p) for p, (b, w, _) in best.items() if depth - p <= budget]
@@ -134,8 +143,9 @@ class _Segments:
             prev = best[prev][2]
         cuts.reverse()
         starts = [0, *cuts]
-        return BootstrapPlan(depth, budget, tuple(cuts),
-                             tuple(self.refreshed(p, c) for p, c in zip(starts[:-1], cuts, strict=True)))
+        refreshed = tuple(self.refreshed(p, c) for p, c in zip(starts[:-1], cuts, strict=True))
+        packed = tuple(shared(c, regs) for c, regs in zip(cuts, refreshed, strict=True)) if packs else ()
+        return BootstrapPlan(depth, budget, tuple(cuts), refreshed, packed=packed)
 
 
 def _check_budget(depth: int, budget: int) -> None:
@@ -158,13 +168,15 @@ def place_bootstraps(steps: Sequence[Step], output: int, depth: int, budget: int
 
 def place_sized_bootstraps(steps: Sequence[Step], output: int, depth: int, budget: int, *, input_period: int,
                            lanes: int, max_slots: int, price: Callable[[int], float],
-                           sizes: dict[str, int] | None = None) -> BootstrapPlan:
+                           sizes: dict[str, int] | None = None,
+                           packs: Callable[[int, tuple[int, ...], int], bool] | None = None) -> BootstrapPlan:
     """Cuts *and* the slots every bootstrap refreshes, chosen together by price: a bootstrap below the full ring
     runs EvalMod once instead of twice, so a placement with a bootstrap more may cost less when it keeps every
     refreshed register narrow (how much less is the ring's ``price``). For each power-of-two width up to ``max_slots`` (real slots; a register of period P takes
     ``P * lanes``), the fewest bootstraps whose refreshed registers all fit it; the cheapest of those by
     ``bootstraps x price(width)`` wins, ties going to fewer bootstraps, then to the narrower width (smaller keys).
-    Never more levels per segment than :func:`place_bootstraps` allows."""
+    Never more levels per segment than :func:`place_bootstraps` allows. ``packs(cut, registers, width)``: whether
+    a cut's registers can share one bootstrap of ``width`` real slots (``pack.py``); such a cut counts one."""
     if depth <= budget:
         return BootstrapPlan(depth, budget, (), ())
     _check_budget(depth, budget)
@@ -174,12 +186,13 @@ def place_sized_bootstraps(steps: Sequence[Step], output: int, depth: int, budge
     best: tuple[float, int, int, BootstrapPlan] | None = None
     width = 2
     while width <= max_slots:
-        plan = segments.cheapest(lambda regs, w=width: all(periods[r] * lanes <= w for r in regs))
+        shared = None if packs is None else (lambda cut, regs, w=width: packs(cut, regs, w))
+        plan = segments.cheapest(lambda regs, w=width: all(periods[r] * lanes <= w for r in regs), shared)
         if plan is not None:
             key = (plan.count * price(width), plan.count, width, replace(plan, slots=width))
             if best is None or key[:3] < best[:3]:
                 best = key
-        if width >= widest:
+        if width >= widest and packs is None:  # packed registers may need a wider bootstrap than any one
             break
         width *= 2
     if best is None:
@@ -201,11 +214,17 @@ def register_periods(steps: Sequence[Step], input_period: int) -> dict[int, int]
 
 
 def insert_bootstraps(steps: Sequence[Step], plan: BootstrapPlan, ranges: dict[int, tuple[float, float]],
-                      slots: int) -> tuple[list[Step], dict[int, int]]:
-    """The program with a ``bootstrap`` step per refreshed register and every level renumbered per segment.
+                      slots: int, blocks: Mapping[int, int] | None = None,
+                      retarget: Callable[[Step, Mapping[int, tuple[int, int, int]]], Step] | None = None,
+                      ) -> tuple[list[Step], dict[int, int]]:
+    """The program with a ``bootstrap`` step per refreshed register (one per packed cut) and every level
+    renumbered per segment.
 
     ``ranges``: (min, max) over the slots each refreshed register has on the calibration inputs; ``slots``: the
-    (real) slots every bootstrap refreshes. Returns the new steps and a map original register -> its refreshed copy.
+    (real) slots every bootstrap refreshes. A packed cut (``plan.packed``) bootstraps the sum of its registers,
+    each already masked into its block of ``blocks[cut]`` virtual slots, and ``retarget(step, placed)`` rewrites a
+    later step that reads them (``placed``: register -> (packed register, block start, block length)).
+    Returns the new steps and a map original register -> its refreshed copy.
     """
     if not plan.cuts:
         return list(steps), {}
@@ -213,21 +232,28 @@ def insert_bootstraps(steps: Sequence[Step], plan: BootstrapPlan, ranges: dict[i
     next_reg = max(levels) + 1
     starts = [0, *plan.cuts]
     refreshed_at = {r: cut for cut, regs in zip(plan.cuts, plan.refreshed, strict=True) for r in regs}
+    group_of = {r: regs for i, regs in enumerate(plan.refreshed) if plan.is_packed(i) for r in regs}
     copy_of: dict[int, int] = {}
+    placed: dict[int, tuple[int, int, int]] = {}
     out: list[Step] = []
     emitted: set[int] = set()
 
     def bootstrap(r: int) -> None:
         nonlocal next_reg
-        lo, hi = ranges[r]
+        members = group_of.get(r, (r,))
+        lo = min(ranges[m][0] for m in members)
+        hi = max(ranges[m][1] for m in members)
         centre = 0.5 * (lo + hi)
         half = max(0.5 * (hi - lo), 1e-12) * RANGE_MARGIN
         postscale = max(1, math.ceil(half))
-        attrs = BootstrapAttrs(int(slots), float(-centre), int(postscale), (float(lo), float(hi)),
-                               int(refreshed_at[r]))
-        out.append(Step("bootstrap", next_reg, (r,), 0, 0, attrs))
-        copy_of[r] = next_reg
-        emitted.add(r)
+        cut = refreshed_at[r]
+        attrs = BootstrapAttrs(int(slots), float(-centre), int(postscale), (float(lo), float(hi)), int(cut))
+        out.append(Step("bootstrap", next_reg, tuple(members), 0, 0, attrs))
+        for t, m in enumerate(members):
+            copy_of[m] = next_reg
+            emitted.add(m)
+            if len(members) > 1:
+                placed[m] = (next_reg, t * blocks[cut], blocks[cut])
         next_reg += 1
 
     for step in steps:
@@ -236,7 +262,13 @@ def insert_bootstraps(steps: Sequence[Step], plan: BootstrapPlan, ranges: dict[i
         for r in sources:
             if r in refreshed_at and refreshed_at[r] < step.level and r not in emitted:
                 bootstrap(r)
-        mapping = {r: copy_of[r] for r in sources if r in copy_of and refreshed_at[r] < step.level}
+        fresh = [r for r in sources if r in copy_of and refreshed_at[r] < step.level]
+        packed_here = {r: placed[r] for r in fresh if r in placed}
+        if packed_here:
+            if retarget is None:
+                raise ValueError("a packed bootstrap needs a retarget function for the steps that read it")
+            step = retarget(step, packed_here)
+        mapping = {r: copy_of[r] for r in fresh if r not in placed}
         out.append(replace(step.remapped(mapping), level=step.level - start))
     return out, copy_of
 

@@ -86,6 +86,7 @@ class CompileOptions:
     spend_levels: bool = True
     bootstrap: str = "auto"
     bootstrap_memory: int | None = None
+    pack_bootstraps: bool = True
     replicate_input: bool = True
     compile_memory: int | None = None  # bytes of affine terms the lowering may hold (None: memory.py's default)
     upload_budget: int | None = None  # bytes of public context as the web page sends it (seeded keys); None: no cap

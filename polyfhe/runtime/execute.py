@@ -352,7 +352,10 @@ def _single_bootstrap(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: R
     if refresh is None:
         raise ValueError("this program bootstraps, and the engine running it cannot (export it for "
                          "backend='lattigo')")
-    return refresh(regs[step.inputs[0]], step.bootstrap)
+    packed = None
+    for r in step.inputs:  # a packed bootstrap refreshes the sum of registers masked into disjoint slot blocks
+        packed = ops.add(packed, regs[r])
+    return refresh(packed, step.bootstrap)
 
 
 def _single_mul(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:

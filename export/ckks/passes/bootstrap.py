@@ -18,7 +18,9 @@ from polyfhe.exporters.ckks.bootstrap import (
     insert_bootstraps,
     place_sized_bootstraps,
     refresh_slots,
+    register_periods,
 )
+from polyfhe.exporters.ckks.pack import PackRules, by_level, mask_producers, retarget_step
 from polyfhe.exporters.ckks.passes import Pass
 from polyfhe.exporters.ckks.passes.ranges import calibration_samples
 from polyfhe.exporters.ckks.state import CKKSExportError, CompileState
@@ -59,9 +61,16 @@ def _insert(state: CompileState) -> None:
     lanes = int(plan.stats.get("samples_per_ciphertext", 1))
     input_period = int(plan.stats.get("input_period", params.slots // lanes))
     sizes = {name: len(arr) for name, arr in plan.arrays.items()}
+    virtual = params.slots // lanes
+    periods = register_periods(plan.steps, input_period)
+    rules = PackRules(plan.steps, circuit.output, virtual)
+    packs = None
+    if state.options.pack_bootstraps:
+        def packs(cut: int, regs: tuple[int, ...], width: int) -> bool:
+            return rules.packable(cut, regs, width // lanes, periods)
     placed = place_sized_bootstraps(plan.steps, circuit.output, circuit.depth, params.levels, sizes=sizes,
                                     input_period=input_period, lanes=lanes, max_slots=params.slots,
-                                    price=lambda width: bootstrap_price(width, state.boot_spec.logn))
+                                    price=lambda width: bootstrap_price(width, state.boot_spec.logn), packs=packs)
     width = refresh_slots(plan.steps, placed, input_period, lanes, params.slots)
     spec = replace(state.boot_spec, log_slots=int(math.log2(width)))
     refreshed = {r for regs in placed.refreshed for r in regs}
@@ -74,15 +83,23 @@ def _insert(state: CompileState) -> None:
         manifest = program_manifest(state, "single", (0.0, 1.0), dict(plan.stats))
         ranges = calibrated_ranges(CKKSProgram.create(manifest, plan.arrays),
                                    samples[:BOOTSTRAP_CALIBRATION_SAMPLES], refreshed, width)
-    steps, _ = insert_bootstraps(plan.steps, placed, ranges, width)
+    groups = {cut: (regs, max(periods[r] for r in regs))
+              for i, (cut, regs) in enumerate(zip(placed.cuts, placed.refreshed, strict=True)) if placed.is_packed(i)}
+    ordered = by_level(plan.steps) if groups else plan.steps  # a packed cut's registers before its readers
+    steps, arrays = mask_producers(ordered, plan.arrays, rules, list(groups.values()), periods)
+    steps, _ = insert_bootstraps(steps, placed, ranges, width, {cut: block for cut, (_, block) in groups.items()},
+                                 lambda step, where: retarget_step(step, where, arrays, virtual))
+    used = {name for step in steps for name in step.array_names()}
+    replaced = {name for step in plan.steps for name in step.array_names()} - used  # masked or retargeted away
+    arrays = {name: arr for name, arr in arrays.items() if name not in replaced}
     # the real log QP (every Q and P prime as Lattigo generates them), not the planned bit sizes chains are made with
     state.boot_info = {
         **placed.to_info(), "spec": spec.to_dict(), "slots": width,
         "modulus_bits": round(check_bootstrap_security(params, spec).log_qp, 3),
         "planned_modulus_bits": bootstrap_modulus_bits(params, spec), "key_bytes": bootstrap_key_bytes(params, spec)}
-    log.info("bootstrapping: %d bootstrap(s) of %d slots after levels %s (%d levels needed, %d per segment)",
-             placed.count, width, list(placed.cuts), circuit.depth, params.levels)
-    state.plan = replace(plan, steps=steps)
+    log.info("bootstrapping: %d bootstrap(s) of %d slots after levels %s (%d levels needed, %d per segment; "
+             "%d cut(s) packed)", placed.count, width, list(placed.cuts), circuit.depth, params.levels, len(groups))
+    state.plan = replace(plan, steps=steps, arrays=arrays)
 
 
 def run(state: CompileState) -> None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -281,12 +281,45 @@ def _summed_term_weights(tags: list[Tag]) -> tuple[Tag, list[float]]:
     return acc, weights
 
 
+def _packing_weights(program, weak: Mapping[int, float]) -> dict[int, float]:
+    """The linear steps whose values to scale so that a packed bootstrap's add leaves its registers as they were:
+    ``weak`` maps a register to the factor the evaluator's add put on it. A product is scaled through a factor
+    only it reads (the compiler masked such a factor to pack it)."""
+    steps = {step.out: step for step in program.manifest.steps}
+    readers: dict[int, list[int]] = {}
+    for step in program.manifest.steps:
+        for r in step.reads():
+            readers.setdefault(r, []).append(step.out)
+    weights = {}
+    for register, factor in weak.items():
+        step = steps.get(register)
+        if step is not None and step.op == "mul":
+            step = next((steps[f] for f in sorted(set(step.inputs)) if f in steps and steps[f].op == "linear"
+                         and readers.get(f) == [register]), None)
+        if step is None or step.op != "linear":
+            raise ValueError(f"register {register} is packed into a bootstrap, and no linear map that makes it "
+                             "alone can take the evaluator's scale correction; export with pack_bootstraps=False")
+        weights[step.out] = weights.get(step.out, 1.0) / factor
+    return weights
+
+
 def lower_program(program, moduli: Sequence[int] | None = None) -> LattigoModel:
     """The Orion v2 container for a single-layout ``program``; raises ``ValueError`` for what it cannot hold.
 
     ``moduli``: the ciphertext primes Lattigo generates for the program's parameters (see :class:`LattigoScales`);
-    ``None`` lowers for ideal primes of exactly the nominal bit sizes.
+    ``None`` lowers for ideal primes of exactly the nominal bit sizes. A packed bootstrap adds registers of
+    unequal scales, which the evaluator's add leaves slightly off; the program is lowered a second time with the
+    maps that make them scaled to cancel that (their scales, and so the factors, do not change).
     """
+    weak: dict[int, float] = {}
+    lowered = _lower_program(program, moduli, {}, weak)
+    if not weak:
+        return lowered
+    return _lower_program(program, moduli, _packing_weights(program, weak), {})
+
+
+def _lower_program(program, moduli: Sequence[int] | None, value_weights: Mapping[int, float],
+                   weak: dict[int, float]) -> LattigoModel:
     m = program.manifest
     if m.layout != "single":
         raise ValueError("the Lattigo backend runs the single layout (one sample packed across the slots); "
@@ -308,9 +341,15 @@ def lower_program(program, moduli: Sequence[int] | None = None) -> LattigoModel:
     spec = bootstrap_spec(m)
     for i, step in enumerate(m.steps):
         if step.op == "bootstrap":
-            (src,) = step.inputs
-            names[step.out] = b.node(f"s{i}", "bootstrap", [names[src]], top, 0, _bootstrap_config(step, top))
-            tags[step.out] = scales.bootstrap(tags[src], top)
+            src, tag = names[step.inputs[0]], tags[step.inputs[0]]
+            for j, other in enumerate(step.inputs[1:], start=1):  # packed: registers in disjoint slot blocks
+                tag, f_acc, f_other = scales.add(tag, tags[other])
+                for register, factor in zip((*step.inputs[:j], other), (f_acc,) * j + (f_other,), strict=True):
+                    if factor != 1.0:
+                        weak[register] = weak.get(register, 1.0) * factor
+                src = b.node(f"s{i}p{j}", "add", [src, names[other]], tag.level)
+            names[step.out] = b.node(f"s{i}", "bootstrap", [src], top, 0, _bootstrap_config(step, top))
+            tags[step.out] = scales.bootstrap(tag, top)
             counts["bootstraps"] = counts.get("bootstraps", 0) + 1
             continue
         if step.op == "mul":
@@ -336,6 +375,8 @@ def lower_program(program, moduli: Sequence[int] | None = None) -> LattigoModel:
         if attrs.bias:  # the evaluator adds the bias to the first term, before the terms are summed
             chain.insert(1, scales.bias(chain[0]))
         out_tag, weights = _summed_term_weights(chain)
+        value_weight = value_weights.get(step.out, 1.0)  # see lower_program: a packed bootstrap's correction
+        weights = [w / value_weight for w in weights]
         counts["scale_corrections"] += sum(w != 1.0 for w in weights)
         worst_correction = max(worst_correction, *(abs(1.0 / w - 1.0) for w in weights))
         bias_weight = weights.pop(1) if attrs.bias else 1.0

@@ -61,11 +61,11 @@ CI_MACHINE_BUDGET = int(0.75 * 24 * 2**30)
 class DeepResidual(nn.Module):
     """64 -> 32, three residual square blocks, -> 10: 8 levels, with skip registers live across the cuts."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = 32) -> None:
         super().__init__()
-        self.stem = nn.Linear(64, 32)
-        self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(3))
-        self.head = nn.Linear(32, 10)
+        self.stem = nn.Linear(64, width)
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(3))
+        self.head = nn.Linear(width, 10)
         self.square = Square()
 
     def forward(self, x):
@@ -133,7 +133,8 @@ def _check_levels(steps: list[Step], plan, width: int) -> list[Step]:
     bootstrap's scale-down, every read from this segment or a refreshed copy."""
     budget = plan.budget
     ranges = {r: (-1.0, 1.0) for regs in plan.refreshed for r in regs}
-    placed, copies = insert_bootstraps(steps, plan, ranges, width)
+    blocks = {c: 1 for i, c in enumerate(plan.cuts) if plan.is_packed(i)}
+    placed, copies = insert_bootstraps(steps, plan, ranges, width, blocks, _read_packed)
     original = {0: 0, **{s.out: s.level for s in steps}}
 
     def segment_of(level: int) -> int:
@@ -142,7 +143,7 @@ def _check_levels(steps: list[Step], plan, width: int) -> list[Step]:
     level, segment = {0: 0}, {0: 0}
     for step in placed:
         if step.op == "bootstrap":
-            assert level[step.inputs[0]] <= budget - 1  # a level left for the scale-down into the bootstrap
+            assert all(level[r] <= budget - 1 for r in step.inputs)  # a level left for the scale-down
             assert step.bootstrap.slots == width
             segment[step.out] = plan.cuts.index(step.bootstrap.cut) + 1
         else:
@@ -152,9 +153,15 @@ def _check_levels(steps: list[Step], plan, width: int) -> list[Step]:
                 assert segment[r] == segment[step.out] or (level[r] == 0 and segment[r] <= segment[step.out])
         assert step.level <= budget
         level[step.out] = step.level
-    assert sum(s.op == "bootstrap" for s in placed) == plan.count == len(copies)
+    assert sum(s.op == "bootstrap" for s in placed) == plan.count
+    assert len(copies) == sum(len(regs) for regs in plan.refreshed)
     assert all(left >= 0 for left in plan.levels_left())
     return placed
+
+
+def _read_packed(step: Step, placed: dict) -> Step:
+    """A step reading packed registers (structure only: the diagonals' rewrite is ``test_pack.py``'s)."""
+    return step.remapped({r: where[0] for r, where in placed.items()})
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -193,6 +200,38 @@ def test_sized_placement_is_the_cheapest_width_and_cuts_and_never_exceeds_the_le
     assert all(periods[r] * lanes <= plan.slots for regs in plan.refreshed for r in regs)
     assert refresh_slots(steps, plan, input_period, lanes, 64) == plan.slots
     _check_levels(steps, plan, plan.slots)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_packed_placement_takes_no_more_bootstraps_and_never_exceeds_the_level_budget(seed):
+    """With a cut's registers allowed to share one bootstrap (when their blocks fit the width), the placement
+    never takes more bootstraps than without, a packed cut's registers fit its width side by side, and every
+    segment stays within the chain's levels."""
+    rng = np.random.default_rng(200 + seed)
+    depth, budget = int(rng.integers(7, 12)), int(rng.integers(3, 5))
+    lanes, input_period = int(rng.choice([1, 2])), 8
+    steps = _random_program(rng, depth, periods=(4, 8))
+    output = steps[-1].out
+    periods = register_periods(steps, input_period)
+
+    def packs(cut, regs, width):
+        return len(regs) > 1 and len(regs) * max(periods[r] for r in regs) * lanes <= width
+
+    def flat(width):
+        return 1.0
+
+    alone = place_sized_bootstraps(steps, output, depth, budget, input_period=input_period, lanes=lanes,
+                                   max_slots=64, price=flat)
+    plan = place_sized_bootstraps(steps, output, depth, budget, input_period=input_period, lanes=lanes,
+                                  max_slots=64, price=flat, packs=packs)
+    assert plan.count <= alone.count
+    assert len(plan.packed) == len(plan.cuts)
+    for i, regs in enumerate(plan.refreshed):
+        if plan.is_packed(i):
+            assert packs(plan.cuts[i], regs, plan.slots)
+    placed = _check_levels(steps, plan, plan.slots)
+    packed_steps = [s for s in placed if s.op == "bootstrap" and len(s.inputs) > 1]
+    assert len(packed_steps) == sum(plan.packed)
 
 
 def test_a_narrower_bootstrap_wins_only_when_its_extra_bootstraps_cost_less():
@@ -405,6 +444,51 @@ def test_bootstrapped_program_runs_encrypted_on_lattigo(deep_program):
     assert out.shape == ref.shape
     assert np.abs(out - ref).max() < 1e-3 * max(1.0, np.abs(ref).max())
     assert (out.argmax(1) == ref.argmax(1)).all()
+
+
+@pytest.fixture(scope="module")
+def packed_sparse_program():
+    """The deep fixture's model 16 wide, 16 samples per ciphertext: a cut's two 16-value registers share one
+    bootstrap of fewer slots than the ring's 2,048."""
+    model = train(DeepResidual(width=16), epochs=10).eval()
+    prog = export_ckks(model, calibration=digits()[0][:64], input_shape=(1, 8, 8), backend="lattigo",
+                       params=SMALL_RING, allow_insecure=True, samples_per_ciphertext=16)
+    return model, prog
+
+
+def test_packed_registers_share_a_sparse_bootstrap_and_agree_with_the_plaintext_run(packed_sparse_program):
+    """A cut's registers, masked into their slot blocks and added, take one bootstrap of fewer slots than the
+    ring has; encrypted on Lattigo, the logits agree with torch's (and the program's plain run)."""
+    model, prog = packed_sparse_program
+    info = prog.manifest.info["bootstrap"]
+    packed = [s for s in prog.manifest.steps if s.op == "bootstrap" and len(s.inputs) > 1]
+    assert any(info["packed"]) and len(packed) == sum(info["packed"])
+    assert info["slots"] < prog.params.slots  # sparse
+    assert info["count"] == sum(s.op == "bootstrap" for s in prog.manifest.steps)
+    x = digits()[2][: prog.manifest.samples_per_ciphertext]
+    with torch.no_grad():
+        ref = model(torch.tensor(x, dtype=torch.float32)).double().numpy()
+    assert np.abs(run_plain(prog, x) - ref).max() < 1e-4
+    client = prog.client()
+    server = prog.server(client.public_context())
+    out = client.decrypt(server.run(client.encrypt(x)))
+    assert np.abs(out - ref).max() < 1e-3 * max(1.0, np.abs(ref).max())
+    assert (out.argmax(1) == ref.argmax(1)).all()
+
+
+def test_packing_saves_a_bootstrap_per_packed_cut_and_changes_no_logit(deep_program):
+    """The same model exported with ``pack_bootstraps=False``: one bootstrap more for each packed cut, and the two
+    programs compute the same logits in plain (masking and retargeting are exact rewrites)."""
+    model, prog = deep_program
+    alone = export_ckks(model, calibration=digits()[0][:64], input_shape=(1, 8, 8), backend="lattigo",
+                        params=SMALL_RING, allow_insecure=True, pack_bootstraps=False)
+    packed_cuts = prog.manifest.info["bootstrap"]["packed"]
+    assert any(packed_cuts) and not any(alone.manifest.info["bootstrap"]["packed"])
+    extra = sum(len(regs) - 1 for regs, p in zip(prog.manifest.info["bootstrap"]["registers"], packed_cuts,
+                                                 strict=True) if p)
+    assert alone.manifest.info["bootstrap"]["count"] == prog.manifest.info["bootstrap"]["count"] + extra
+    x = digits()[2][:64]
+    np.testing.assert_allclose(run_plain(prog, x), run_plain(alone, x), rtol=0, atol=1e-9)
 
 
 # the child's own high-water mark (VmHWM): ru_maxrss would carry the forking test process's across exec
