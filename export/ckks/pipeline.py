@@ -36,6 +36,7 @@ from polyfhe.exporters.ckks.state import (
     CompileOptions,
     CompileState,
     SpendForMemory,
+    UnpackForMemory,
 )
 from polyfhe.procinfo import peak_resident_bytes, resident_bytes
 
@@ -59,8 +60,9 @@ PASSES: tuple[Pass, ...] = (
     program.PASS,
 )
 FRONT = 2  # onnx, analyze: the same for every try
-# the first try, then at most: its sites spent for memory, bootstrapping instead, and that try's memory spend
-MAX_TRIES = 4
+# the first try, then at most: its bootstraps unpacked and its sites spent for memory, bootstrapping instead, and
+# that try's unpacking and memory spend
+MAX_TRIES = 6
 
 
 def run_passes(state: CompileState, passes: tuple[Pass, ...]) -> None:
@@ -88,6 +90,10 @@ def compile_model(model: Any, options: CompileOptions) -> Any:
             log.warning("%s", retry.message)
             state = state.retry(replace(state.options, spend_levels=False), state.force_bootstrap,
                                 retry.memory_spend)
+        except UnpackForMemory as retry:
+            log.warning("%s", retry.message)
+            state = state.retry(replace(state.options, pack_bootstraps=False), state.force_bootstrap,
+                                state.memory_spend)
         except BootstrapInstead as retry:
             log.warning("%s", retry.message)
             refused = retry.refusal

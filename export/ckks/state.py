@@ -23,7 +23,8 @@ from polyfhe.program.manifest import LAYOUTS
 from polyfhe.program.params import DEFAULT_MIN_SCALE_BITS, CKKSParams
 
 __all__ = ["BATCH_MEMORY_BUDGET", "BOOTSTRAP_MODES", "GALOIS_KEY_BUDGET", "BootstrapInstead",
-           "CKKSExportError", "CompileOptions", "CompileState", "Retry", "SpendForMemory", "ValueRanges"]
+           "CKKSExportError", "CompileOptions", "CompileState", "Retry", "SpendForMemory", "UnpackForMemory",
+           "ValueRanges"]
 
 BATCH_MEMORY_BUDGET = 8 << 30  # bytes of live ciphertexts the batch layout may plan for
 GALOIS_KEY_BUDGET = 3 << 30  # bytes of Galois keys in a public context (beyond it, rotations are chains of keys)
@@ -48,6 +49,11 @@ class SpendForMemory(Retry):
     def __init__(self, message: str, memory_spend: dict) -> None:
         super().__init__(message)
         self.memory_spend = memory_spend
+
+
+class UnpackForMemory(Retry):
+    """The server would not fit its memory budget with packed bootstraps (their masked and retargeted maps hold
+    more diagonals): try again bootstrapping each register alone before computing anything on its own."""
 
 
 class BootstrapInstead(Retry):

@@ -1,5 +1,6 @@
 """Pass ``server_memory``: a bootstrapped program whose server would not fit the memory budget is tried again
-with its spatial convolutions and shifts computed on their own (far fewer diagonals), or refused.
+with each register bootstrapped alone when its cuts were packed, then with its spatial convolutions and shifts
+computed on their own (far fewer diagonals), or refused.
 
 Reads ``server_peak``, ``boot_memory``, ``planned``, ``boot_info``, ``memory_spend``, ``proto`` and ``params``;
 writes nothing: it raises :class:`~polyfhe.exporters.ckks.state.SpendForMemory` for the driver to retry with
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from polyfhe.exporters.ckks.passes import Pass
 from polyfhe.exporters.ckks.sites import factoring_sites, shift_sites
-from polyfhe.exporters.ckks.state import CKKSExportError, CompileState, SpendForMemory
+from polyfhe.exporters.ckks.state import CKKSExportError, CompileState, SpendForMemory, UnpackForMemory
 from polyfhe.program.params import CKKSParams
 
 __all__ = ["PASS"]
@@ -47,6 +48,11 @@ def run(state: CompileState) -> None:
     peak, budget = state.server_peak, state.boot_memory
     if not peak or budget is None or peak["peak_bytes"] <= budget:
         return
+    if state.options.pack_bootstraps and any(state.boot_info.get("packed", ())):
+        raise UnpackForMemory(
+            f"{state.name}: with packed bootstraps its server would peak near {peak['peak_bytes'] / 1e9:.1f} GB, "
+            f"over the {budget / 1e9:.1f} GB memory budget; bootstrapping each register alone instead (more "
+            "bootstraps, fewer diagonals)")
     sites = [*factoring_sites(state.proto), *shift_sites(state.proto)] if state.single else []
     if state.memory_spend is not None or not sites:
         tried = (f"; with {len(state.memory_spend['factored'])} convolutions and shifts computed on their own"

@@ -656,12 +656,17 @@ def test_a_leveled_ring_whose_keys_no_server_accepts_falls_back_to_bootstrapping
         export_ckks(Residual().eval(), calibration=x, input_shape=(1, 8, 8), backend="lattigo", bootstrap="off")
 
 
-def test_a_bootstrapped_server_over_the_memory_budget_is_refused_with_its_numbers():
+def test_a_bootstrapped_server_over_the_memory_budget_is_refused_with_its_numbers(caplog):
+    """Over the budget, a packed program is first tried with each register bootstrapped alone (its masked and
+    retargeted maps hold more diagonals), then refused with its numbers."""
     x = digits()[0][:32]
-    with pytest.raises(CKKSExportError, match=r"server would peak near .* GB of plaintexts .* bootstrapping keys "
-                                              r".* What would fit: a narrower model"):
+    with caplog.at_level(logging.WARNING, logger="polyfhe.exporters.ckks.pipeline"), \
+            pytest.raises(CKKSExportError, match=r"server would peak near .* GB of plaintexts .* bootstrapping keys "
+                                                 r".* What would fit: a narrower model"):
         export_ckks(DeepResidual().eval(), calibration=x, input_shape=(1, 8, 8), backend="lattigo",
                     params=SMALL_RING, allow_insecure=True, bootstrap_memory=100_000_000)
+    unpacked = [r.getMessage() for r in caplog.records if "bootstrapping each register alone" in r.getMessage()]
+    assert len(unpacked) == 1 and "with packed bootstraps" in unpacked[0]
 
 
 def test_bootstrapping_keys_with_a_lying_count_are_refused_before_go_reads_them(deep_program):
