@@ -584,6 +584,12 @@ def render(info: dict, results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _plotted(result: dict, key: str) -> float:
+    """A result's value for a plot panel (0 where it has none): the planned counts live under ``planned``."""
+    value = result.get(key, (result.get("planned") or {}).get(key))
+    return float(value or 0)
+
+
 def plot(results: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -591,19 +597,23 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     cases = list(dict.fromkeys(r["case"] for r in results))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 4.2))
     for ax, key, label in ((axes[0], "per_image_s", "warm seconds per image"),
-                           (axes[1], "plaintext_diagonals", "plaintext diagonals")):
+                           (axes[1], "cold_s", "cold latency (s)"),
+                           (axes[2], "server_rss_gb", "server peak RSS (GB)"),
+                           (axes[3], "plain_products", "plaintext products per query (planned)")):
         columns = list(dict.fromkeys(r["column"] for r in results))
         width = 0.8 / len(columns)
         for i, column in enumerate(columns):
-            values = [next((r.get(key) or 0 for r in results if r["case"] == c and r["column"] == column), 0)
+            values = [next((_plotted(r, key) for r in results if r["case"] == c and r["column"] == column), 0)
                       for c in cases]
             ax.bar(np.arange(len(cases)) + (i - (len(columns) - 1) / 2) * width, values, width=width, label=column)
         ax.set_xticks(range(len(cases)), cases, rotation=20)
-        ax.set_yscale("log")
+        shown = [_plotted(r, key) for r in results if _plotted(r, key)]
+        if shown and max(shown) > 20 * min(shown):  # cases orders of magnitude apart; else bars from zero
+            ax.set_yscale("log")
         ax.set_title(label)
-        ax.legend()
+        ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -342,7 +342,9 @@ def _bootstraps(boot: dict | None) -> str:
     """Where the program bootstraps (``export/ckks/bootstrap.py``)."""
     if not boot:
         return "none"
-    return (f"{boot['count']} of {boot['slots']} slots after levels {boot['cuts_after_level']} "
+    packed = sum(boot.get("packed", ()))
+    shared = f"; {packed} cut(s) packed into one bootstrap" if packed else ""
+    return (f"{boot['count']} of {boot['slots']} slots after levels {boot['cuts_after_level']}{shared} "
             f"({boot['levels_needed']} levels in segments of {boot['levels_per_segment']}; levels left per segment "
             f"{boot['levels_left_after_segment']}; bootstrapping keys {boot.get('key_bytes', 0) / 1e9:.1f} GB over "
             f"{boot['modulus_bits']} bits)")

@@ -99,7 +99,10 @@ def _insert(state: CompileState) -> None:
         "planned_modulus_bits": bootstrap_modulus_bits(params, spec), "key_bytes": bootstrap_key_bytes(params, spec)}
     log.info("bootstrapping: %d bootstrap(s) of %d slots after levels %s (%d levels needed, %d per segment; "
              "%d cut(s) packed)", placed.count, width, list(placed.cuts), circuit.depth, params.levels, len(groups))
-    state.plan = replace(plan, steps=steps, arrays=arrays)
+    stats = dict(plan.stats)
+    if groups:  # the masked and retargeted maps hold other diagonals than the plan counted
+        stats["plaintext_diagonals"] = int(sum(len(arrays[t.diagonals.ks]) for s in steps for t in s.terms))
+    state.plan = replace(plan, steps=steps, arrays=arrays, stats=stats)
 
 
 def run(state: CompileState) -> None:

@@ -1,6 +1,6 @@
 """The deep FHE recipe (``monet_fhe_deep_bn``: six Poly-Blocks, 25 levels) trained briefly, then (1) its 128-bit
 bootstrapping export refused on a 24 GiB machine, and (2) run encrypted with bootstraps on Lattigo at an
-explicitly INSECURE small ring.
+explicitly INSECURE small ring, with packed bootstraps (a cut's registers sharing one).
 
 (1) 128-bit bootstrapping runs on N=2^16 only (``fhe/bootparams.py``: ring switching from a smaller residual ring
 puts the residual secret on the whole bootstrapping modulus, which is not 128-bit secure), and its key generation
@@ -69,6 +69,8 @@ def test_deep_recipe_refuses_128_bit_here_and_runs_encrypted_with_bootstraps_on_
     assert boot["spec"]["logn"] == 14  # its own ring: no ring switching
     assert not check_bootstrap_security(prog.params, BootstrapSpec.from_dict(boot["spec"])).secure
     assert len(boot["cuts_after_level"]) >= 3 and boot["count"] >= 3
+    # a block's product and residual stream share one bootstrap at some cut (``pack.py``), checked encrypted below
+    assert any(boot["packed"]) and any(len(s.inputs) > 1 for s in prog.manifest.steps if s.op == "bootstrap")
     with torch.no_grad():
         ref = model.double()(torch.from_numpy(x.astype(np.float64))).numpy()
     np.testing.assert_allclose(prog.run_plain(x), ref, rtol=1e-4, atol=1e-4)
