@@ -84,8 +84,7 @@ def test_deep_recipe_refuses_128_bit_here_and_runs_encrypted_with_bootstraps_on_
     out = np.concatenate([client.decrypt(server.run(client.encrypt(x[i:i + lanes])))[: len(x[i:i + lanes])]
                           for i in range(0, len(x), lanes)])
     err = float(np.abs(out - ref).max())
-    log.info("monet_fhe_deep_bn encrypted (INSECURE N=2^14): %d bootstraps, max logit error %.3g (largest logit "
-             "%.3g)", boot["count"], err, np.abs(ref).max())
+    log.info("monet_fhe_deep_bn encrypted (INSECURE N=2^14): %d bootstraps of %d slots (packed cuts %s), max logit "
+             "error %.3g (largest logit %.3g)", boot["count"], boot["slots"], boot["packed"], err, np.abs(ref).max())
     assert np.array_equal(out.argmax(1), ref.argmax(1))
     assert err < 0.05 * max(1.0, float(np.abs(ref).max()))
-
