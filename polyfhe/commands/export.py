@@ -71,6 +71,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--bootstrap-memory", type=float, metavar="GB",
                    help="bootstrapping: memory the key generation may peak at (default: 75%% of this machine's "
                         "RAM); residual chains whose bootstrapping keys would not fit are passed over")
+    p.add_argument("--no-pack-bootstraps", dest="pack_bootstraps", action="store_false",
+                   help="bootstrapping: refresh every register with a bootstrap of its own, instead of letting a "
+                        "cut's narrow registers share one (each in its own block of slots: fewer bootstraps, more "
+                        "diagonals)")
     p.add_argument("--compile-memory", type=positive_float, metavar="GB",
                    help="ckks: memory the compiler's lowering may hold (default: half of this machine's RAM); an "
                         "export that would need more stops with an error naming the node")
@@ -287,6 +291,7 @@ def _export_ckks(console: Any, model: Any, name: str, shape: tuple[int, ...] | N
                           samples_per_ciphertext=args.samples_per_ciphertext, backend=args.backend,
                           spend_levels=args.spend_levels, replicate_input=args.replicate_input, bootstrap=args.bootstrap,
                           bootstrap_memory=None if args.bootstrap_memory is None else int(args.bootstrap_memory * 1e9),
+                          pack_bootstraps=args.pack_bootstraps,
                           compile_memory=None if args.compile_memory is None else int(args.compile_memory * 1e9),
                           **kwargs)
     program.save(args.out)

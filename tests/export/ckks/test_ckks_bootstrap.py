@@ -624,6 +624,10 @@ def test_cli_exports_a_deep_model_with_bootstraps_and_refuses_it_with_bootstrap_
     assert info["modulus_bits"] == round(check_bootstrap_security(prog.params, spec).log_qp, 3)
     assert info["modulus_bits"] < info["planned_modulus_bits"] == bootstrap_modulus_bits(prog.params, spec)
     assert prog.manifest.info["planned"]["bootstraps"] == info["count"]
+    assert main([*common, "--out", str(tmp_path / "alone"), "--no-pack-bootstraps"]) == 0
+    alone = load_program(tmp_path / "alone").manifest.info["bootstrap"]
+    assert not any(alone["packed"])
+    assert alone["count"] == sum(len(regs) for regs in alone["registers"]) >= info["count"]
     assert main([*common, "--out", str(tmp_path / "q"), "--bootstrap", "off"]) != 0
     assert "levels" in capsys.readouterr().err
 
