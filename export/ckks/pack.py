@@ -15,7 +15,7 @@ Nothing here spends a level:
 
 Only registers whose every reader after the cut is such a map, and whose producer can be masked without changing
 what any other step reads, are packed (:class:`PackRules`). Pure functions on steps and arrays; diagonals keep the
-program's convention (rows pre-rotated by their giant step, see ``LinearAttrs``).
+program's convention (rows pre-rotated by their giant step, ``polyfhe/program/diagonals.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from polyfhe.program.diagonals import plain_diagonals, stored_diagonals
 from polyfhe.program.manifest import Step
 from polyfhe.program.steps import Diagonals, Term
 
@@ -42,18 +43,9 @@ def block_mask(slots: int, lo: int, hi: int) -> np.ndarray:
     return mask
 
 
-def _giants(ks: np.ndarray, baby: int) -> np.ndarray:
-    return (np.asarray(ks, dtype=np.int64) // baby) * baby
-
-
-def _rolled(rows: np.ndarray, shifts: np.ndarray) -> np.ndarray:
-    return np.stack([np.roll(row, int(s)) for row, s in zip(rows, shifts, strict=True)]) if len(rows) else rows
-
-
 def mask_diagonals(ks: np.ndarray, stored: np.ndarray, baby: int, mask: np.ndarray) -> np.ndarray:
     """The stored diagonals of the same map with its output rows multiplied by ``mask``."""
-    g = _giants(ks, baby)
-    return np.stack([row * np.roll(mask, int(s)) for row, s in zip(stored, g, strict=True)]) if len(ks) else stored
+    return stored_diagonals(ks, plain_diagonals(ks, stored, baby) * mask, baby)
 
 
 def _summed(rows: Mapping[int, np.ndarray], baby: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
@@ -62,12 +54,12 @@ def _summed(rows: Mapping[int, np.ndarray], baby: int, slots: int) -> tuple[np.n
     new_ks = np.asarray(keep, dtype=np.int64)
     if not keep:
         return new_ks, np.zeros((0, slots))
-    return new_ks, _rolled(np.stack([rows[k] for k in keep]), _giants(new_ks, baby))
+    return new_ks, stored_diagonals(new_ks, np.stack([rows[k] for k in keep]), baby)
 
 
 def _plain_rows(ks: np.ndarray, stored: np.ndarray, baby: int) -> tuple[np.ndarray, np.ndarray]:
     ks = np.asarray(ks, dtype=np.int64)
-    return ks, _rolled(np.asarray(stored, dtype=np.float64), -_giants(ks, baby))
+    return ks, plain_diagonals(ks, np.asarray(stored, dtype=np.float64), baby)
 
 
 def unreduce_diagonals(ks: np.ndarray, stored: np.ndarray, baby: int, period: int, space: int, slots: int,

@@ -30,6 +30,7 @@ from polyfhe.exporters.ckks.affine import LoweringError
 from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
 from polyfhe.exporters.ckks.cost import COMPOSED_COST, NEW_KEY_COST, ROTATION_COST
 from polyfhe.exporters.ckks.layout import FALLBACK, choose_layouts, nonzero, offsets, pow2_at_least
+from polyfhe.program.diagonals import stored_diagonals
 from polyfhe.program.manifest import Step
 from polyfhe.program.steps import Diagonals, LinearAttrs, MatMulAttrs, MulAttrs, SparseRows, Term
 from polyfhe.runtime.rotations import choose_key_steps
@@ -248,9 +249,7 @@ def _plan_linear_single(node: LinearNode, slots: int, index: int, arrays: dict, 
     periods[node.out] = period
     tiles = slots // space
     for j, (ks, diags) in enumerate(terms):
-        giants = (ks // baby) * baby
-        rolled = np.stack([np.roll(d, g) for d, g in zip(diags, giants, strict=True)]) if len(ks) else diags
-        rolled = np.tile(rolled, (1, tiles))
+        rolled = np.tile(stored_diagonals(ks, diags, baby), (1, tiles))
         name = f"s{index}.t{j}"
         arrays[f"{name}.diags"] = rolled
         arrays[f"{name}.ks"] = ks

@@ -40,6 +40,7 @@ from fractions import Fraction
 import numpy as np
 
 from polyfhe.program.boundary import galois_element as rotation_galois_element
+from polyfhe.program.diagonals import plain_diagonals
 
 __all__ = ["LattigoModel", "LattigoScales", "best_bsgs_n1", "bootstrap_spec", "bsgs_rotations", "evaluation_key_set", "galois_element",
            "lattigo_params", "lower_program", "parse_container", "run_container_plain", "secret_weight"]
@@ -266,12 +267,6 @@ class _Builder:
         return self.blob(head + np.ascontiguousarray(diags, dtype="<f8").tobytes())
 
 
-def _plain_diagonals(ks: np.ndarray, stored: np.ndarray, baby: int) -> np.ndarray:
-    """Undo polyfhe's giant-step pre-rotation: row i was rolled by ``(k_i // baby) * baby``."""
-    giants = (ks // baby) * baby
-    return np.stack([np.roll(d, -int(g)) for d, g in zip(stored, giants, strict=True)]) if len(ks) else stored
-
-
 def _summed_term_weights(tags: list[Tag]) -> tuple[Tag, list[float]]:
     """The tag of ``((t0 + t1) + t2) + ...`` and the factor Lattigo's adds put on each term's value."""
     acc, weights = tags[0], [1.0]
@@ -383,7 +378,7 @@ def _lower_program(program, moduli: Sequence[int] | None, value_weights: Mapping
         parts = []
         for j, term in enumerate(terms):
             ks = np.asarray(program.arrays[term.diagonals.ks], dtype=np.int64)
-            diags = _plain_diagonals(ks, program.arrays[term.diagonals.diags], baby) / weights[j]
+            diags = plain_diagonals(ks, program.arrays[term.diagonals.diags], baby) / weights[j]
             if reduce:  # keep the first ``space`` block: the evaluator's doublings sum every block
                 diags[:, space:] = 0.0
             real_ks = (ks * lanes) % slots
