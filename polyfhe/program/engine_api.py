@@ -103,6 +103,9 @@ class Backend:
     # (params, Galois steps) -> bytes of the public context as the engine's client serialises it: what an upload
     # costs; ``None``: the uncompressed estimate (``polyfhe.program.params.estimated_sizes``)
     context_bytes: Callable[[Any, Any], int] | None = None
+    # program -> the most bytes a valid public context for it can have on the wire, container header included: a
+    # server refuses a declared length above it before reading a byte; ``None``: no bound known (the server's limit)
+    max_context_bytes: Callable[[Any], int] | None = None
     # the Python distributions that carry the engine (their versions key the cached operation costs), and what
     # else changes its speed on this build (e.g. SEAL's dot kernel on or off), as "name=value" text
     distributions: tuple[str, ...] = ()

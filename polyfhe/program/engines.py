@@ -16,7 +16,7 @@ from typing import Any
 from polyfhe.program.engine_api import Backend, BackendUnavailable, KeySetTooLarge
 
 __all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "KeySetTooLarge", "client_for",
-           "get_backend", "list_backends", "prepare_process", "public_context_bytes", "restore_client",
+           "get_backend", "list_backends", "max_context_bytes", "prepare_process", "public_context_bytes", "restore_client",
            "warm_plaintexts"]
 
 # name -> module defining ``BACKEND``; imported on first use so a missing engine only fails when it is asked for
@@ -84,6 +84,16 @@ def decoded_context_bytes(program, upload: int) -> int:
         return upload  # Concrete ML's evaluation keys travel as they sit in memory
     measure = get_backend(program.manifest.backend).decoded_context_bytes
     return upload if measure is None else measure(program, upload)
+
+
+def max_context_bytes(program) -> int | None:
+    """The most bytes a valid public context for ``program`` can have as uploaded (its engine's exact bound), or
+    None where the engine gives none: a server refuses a longer upload at once, before reserving anything."""
+    if program.scheme != "ckks":  # a program of another format carries its own bound
+        bound_of = getattr(program, "max_context_bytes", None)
+        return None if bound_of is None else bound_of()
+    bound = get_backend(program.manifest.backend).max_context_bytes
+    return None if bound is None else int(bound(program))
 
 
 def public_context_bytes(manifest) -> int:
