@@ -56,6 +56,18 @@ def add_parser(subparsers: Any) -> None:
                    help=f"seconds a session lives after its last use (default {d.session_ttl_s:g})")
     p.add_argument("--max-sessions", type=positive_int, default=d.max_sessions, metavar="N",
                    help=f"live sessions at most (default {d.max_sessions}; past it: 503)")
+    p.add_argument("--max-sessions-per-client", type=positive_int, default=None, metavar="N",
+                   help="live sessions one client (bearer token, or address without tokens) may hold (default: a "
+                        "quarter of --max-sessions, at least 1; past it: 429)")
+    p.add_argument("--max-uploads-per-client", type=positive_int, default=d.max_uploads_per_client, metavar="N",
+                   help=f"public-context uploads one client runs at once (default {d.max_uploads_per_client}; past "
+                        "it: 429)")
+    p.add_argument("--min-upload-rate", type=non_negative_float, default=d.min_upload_bytes_per_s / 1024,
+                   metavar="KB/S", help=f"slowest average rate an upload may arrive at once its grace period is "
+                                        f"over (default {d.min_upload_bytes_per_s / 1024:g} KiB/s; slower: 408; "
+                                        "0: no floor)")
+    p.add_argument("--upload-grace", type=non_negative_float, default=d.upload_grace_s, metavar="S",
+                   help=f"seconds before an upload's rate is checked (default {d.upload_grace_s:g})")
     p.add_argument("--request-timeout", type=positive_float, default=d.request_timeout_s, metavar="S",
                    help=f"seconds per request, upload and evaluation included (default {d.request_timeout_s:g})")
     p.add_argument("--max-concurrency", type=positive_int, default=d.max_concurrency, metavar="N",
@@ -76,9 +88,10 @@ def add_parser(subparsers: Any) -> None:
                    help="where sessions' keys live and evaluations run: 'process' (default) in worker processes, "
                         "so a crash or an out-of-memory kill costs only that worker's sessions; 'thread' in this "
                         "process (no copy of the bytes, no isolation)")
-    p.add_argument("--worker-processes", type=positive_int, default=d.worker_processes, metavar="N",
-                   help=f"worker processes with --isolation process (default {d.worker_processes}); each loads "
-                        "the programs and gets its share of the plaintext cache")
+    p.add_argument("--worker-processes", type=positive_int, default=None, metavar="N",
+                   help="worker processes with --isolation process (default: one per core, at most 4, fewer when "
+                        "the programs would not fit memory; the log says how many and why); each loads the "
+                        "programs and gets its share of the plaintext cache, and a crash costs only its sessions")
     p.add_argument("--worker-memory-mb", type=positive_float, default=None, metavar="MB",
                    help="address space each worker process may add after loading the programs (RLIMIT_AS); a "
                         "request past it fails with 507 in that worker alone (default: no limit)")
@@ -137,7 +150,22 @@ def config_from_args(args: argparse.Namespace) -> Any:
         request_timeout_s=args.request_timeout, max_concurrency=args.max_concurrency, max_queue=args.max_queue,
         eval_delay_s=args.test_eval_delay, isolation=args.isolation, worker_processes=args.worker_processes,
         worker_memory_headroom_bytes=None if args.worker_memory_mb is None else int(args.worker_memory_mb * MIB),
-        auth_token_file=args.auth_token_file)
+        auth_token_file=args.auth_token_file, max_sessions_per_client=args.max_sessions_per_client,
+        max_uploads_per_client=args.max_uploads_per_client, min_upload_bytes_per_s=int(args.min_upload_rate * 1024),
+        upload_grace_s=args.upload_grace)
+
+
+LOOPBACK_HOSTS = ("localhost", "::1")
+
+
+def warn_plain_tokens(config: Any, host: str, tls: bool) -> None:
+    """Bearer tokens sent over plain HTTP to a non-loopback address can be read on the way: say so."""
+    if config.auth_token_file is None or tls:
+        return
+    if host in LOOPBACK_HOSTS or host.startswith("127."):
+        return
+    log.warning("bearer tokens are on but %s serves plain HTTP: anyone on the network path can read a token and "
+                "use its sessions; serve HTTPS (--ssl-certfile/--ssl-keyfile) or terminate TLS in front", host)
 
 
 def tls_options(args: argparse.Namespace) -> dict:
@@ -199,6 +227,7 @@ def run_ray(args: argparse.Namespace) -> int:
                              "controller, docs/deploy-ray.md)")
         if config.auth_token_file is not None:
             TokenAuth.from_file(config.auth_token_file)
+        warn_plain_tokens(config, args.host, False)
         registry = Registry(config.programs_dir)
         require_secure_models(registry, args.allow_insecure)
         low, high = args.replicas
@@ -243,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
         registry = Registry(config.programs_dir, plaintext_cache_bytes=None if args.plaintext_cache_mb is None
                             else int(args.plaintext_cache_mb * MIB))
         require_secure_models(registry, args.allow_insecure)
+        warn_plain_tokens(config, args.host, bool(tls))
         if args.warm and config.isolation == "thread":
             _warm(registry)
         app = create_app(config, registry, warm=args.warm)
@@ -255,7 +285,8 @@ def run(args: argparse.Namespace) -> int:
     for name, reason in registry.skipped.items():
         print(f"warning: skipped {name}: {reason}", file=sys.stderr)
     scheme = "https" if tls else "http"
-    where = (f"{config.worker_processes} worker process(es)" if config.isolation == "process" else "this process")
+    processes = app.state.polyfhe.backend.host.stats().get("processes")
+    where = f"{len(processes)} worker process(es)" if processes is not None else "this process"
     tokens = ", bearer tokens required" if config.auth_token_file else ""
     print(f"serving {len(registry.models)} model(s) {', '.join(registry.names())} on {scheme}://{args.host}:"
           f"{args.port}/ (max {config.max_sessions} sessions, {config.max_concurrency} at once, sessions in "

@@ -42,10 +42,22 @@ def make_host(config: ServeConfig, registry: Registry, on_lost, warm: bool = Fal
     ckks = sum(1 for m in registry.models.values() if m.program.scheme == "ckks")
     per_model = registry.plaintext_cache_bytes if registry.plaintext_cache_bytes is not None else \
         DEFAULT_PLAINTEXT_BYTES // max(1, ckks)
-    spec = WorkerSpec(0, registry.root, per_model // config.worker_processes, config.max_context_bytes,
+    processes = worker_processes(config, registry, per_model * ckks)
+    spec = WorkerSpec(0, registry.root, per_model // processes, config.max_context_bytes,
                       config.max_ciphertext_bytes, config.max_concurrency, config.worker_memory_headroom_bytes,
                       logging.getLogger().getEffectiveLevel(), warm, config.eval_delay_s)
-    return ProcessHost(spec, config.worker_processes, on_lost)
+    return ProcessHost(spec, processes, on_lost)
+
+
+def worker_processes(config: ServeConfig, registry: Registry, plaintext_bytes: int) -> int:
+    """``config.worker_processes``, or the count cores and memory allow (logged with why)."""
+    if config.worker_processes is not None:
+        return config.worker_processes
+    from polyfhe.serve.worker_count import auto_worker_processes
+
+    choice = auto_worker_processes([m.folder for m in registry.models.values() if m.folder], plaintext_bytes)
+    log.info("worker processes: %s", choice.reason)
+    return choice.processes
 
 
 class _Reserved:
@@ -67,7 +79,7 @@ class LocalSessions:
             threading.Thread(target=self.host.close, args=(session.handle,), daemon=True).start()
 
         self.sessions = SessionStore(config.session_ttl_s, config.max_sessions, config.key_budget_bytes,
-                                     config.expired_memory, on_drop=drop)
+                                     config.expired_memory, on_drop=drop, client_quota=config.session_quota)
         self.host = make_host(config, registry, self.sessions.lose, warm)  # drop() finds it here
         self.pool = WorkPool(config.max_concurrency, config.max_queue)
         self.config = config
@@ -90,8 +102,8 @@ class LocalSessions:
 
     # ------------------------------------------------------------------------------ SessionBackend
     @contextlib.contextmanager
-    def admit(self, declared: int | None) -> Iterator[_Reserved]:
-        reservation = self.sessions.reserve(declared or 0)
+    def admit(self, client: str) -> Iterator[_Reserved]:
+        reservation = self.sessions.reserve(0, client)
         try:
             yield _Reserved(self.sessions, reservation)
         finally:
@@ -99,6 +111,7 @@ class LocalSessions:
 
     async def open(self, admission: _Reserved, model: Model, body: bytearray, key_bytes: int, owner: str | None,
                    deadline: float) -> Opened:
+        self.sessions.claim(admission.reservation)  # the body is complete and checked: now it takes a slot
         session, load_s = await self.pool.run(self._open, admission.reservation, model, body, key_bytes, owner,
                                               deadline=deadline, what="loading the public context")
         return Opened(session.id, load_s)

@@ -31,7 +31,7 @@ __all__ = ["SESSION_ID", "CorruptSession", "KeyStore", "StoredSession", "valid_s
 
 log = logging.getLogger(__name__)
 
-SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{32}$")  # secrets.token_urlsafe(24): 192 random bits
+SESSION_ID = re.compile(r"[A-Za-z0-9_-]{32}")  # secrets.token_urlsafe(24): 192 random bits; whole strings only
 FORMAT = 1
 MAX_RECORD_BYTES = 64 << 10
 
@@ -41,7 +41,7 @@ class CorruptSession(ValueError):
 
 
 def valid_session_id(session_id: str) -> bool:
-    return bool(SESSION_ID.match(session_id))
+    return isinstance(session_id, str) and SESSION_ID.fullmatch(session_id) is not None
 
 
 @dataclass(frozen=True)
@@ -239,9 +239,12 @@ class KeyStore:
         """Ids with a record (live or expired)."""
         return [n[:-5] for n in self._files.names() if n.endswith(".json") and valid_session_id(n[:-5])]
 
+    def live_ids(self) -> set[str]:
+        """Ids of sessions whose context is stored (expired ones keep none)."""
+        return {n[:-4] for n in self._files.names() if n.endswith(".ctx") and valid_session_id(n[:-4])}
+
     def live_count(self) -> int:
-        """Sessions whose context is stored (expired ones keep none)."""
-        return sum(1 for n in self._files.names() if n.endswith(".ctx") and valid_session_id(n[:-4]))
+        return len(self.live_ids())
 
     def sweep(self, ttl_s: float, forget_s: float, now: float | None = None) -> int:
         """Expire live sessions idle past ``ttl_s``; forget records of sessions expired ``forget_s`` ago, and

@@ -4,7 +4,10 @@ Each worker (:mod:`polyfhe.serve.worker_main`) loads the programs itself and hol
 session stays on its worker; new sessions go to the worker holding the fewest. When a worker dies (a native crash,
 SIGKILL, the OOM killer), its requests in flight answer 503 ``worker_lost`` (clients retry), its sessions answer 410
 ``session_lost`` from then on (clients open them again with the keys they hold: ``ServeClient`` does so by itself),
-and a new worker starts in its place; the HTTP server and the other workers' sessions carry on.
+and a new worker starts in its place; the HTTP server and the other workers' sessions carry on. So a crash costs
+the sessions of one worker: with the default count (:mod:`polyfhe.serve.worker_count`, up to one per core) about
+``1/n`` of them, with ``--worker-processes 1`` all of them. A worker that answers out of step is killed before
+it is replaced, so no keys stay in a process nobody talks to.
 """
 
 from __future__ import annotations
@@ -102,7 +105,12 @@ class _WorkerProcess:
             try:
                 rid, status, meta, size = self.conn.recv()
                 out = None if size is None else receive_payload(self.conn, size, self._scratch)
-            except (EOFError, OSError):
+            except EOFError:
+                break
+            except (OSError, ValueError, TypeError) as exc:  # out of step: nothing it says can be trusted now
+                log.error("worker process %d (pid %s) answered out of step (%s); stopping it", self.spec.index,
+                          self.pid, type(exc).__name__)
+                self.proc.kill()  # its keys go with it, never left in a process nobody talks to
                 break
             if size is not None and out is None:
                 status, meta = "refused", {"status": 507, "code": "out_of_memory", "retry_after": 30,
@@ -115,6 +123,9 @@ class _WorkerProcess:
             self.alive = False
             pending, self._pending = list(self._pending.values()), {}
         self.proc.join(timeout=5)
+        if self.proc.is_alive():  # the pipe closed but the process lives on: end it before another replaces it
+            self.proc.kill()
+            self.proc.join(timeout=5)
         for future in pending:
             future.set_exception(WorkerLost(f"worker {self.spec.index} ended (exit code {self.proc.exitcode})"))
         self._on_exit(self)

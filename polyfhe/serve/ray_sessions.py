@@ -24,6 +24,7 @@ from typing import Protocol
 from polyfhe.serve.config import ServeConfig
 from polyfhe.serve.errors import ApiError
 from polyfhe.serve.keystore import CorruptSession, KeyStore, StoredSession, valid_session_id
+from polyfhe.serve.quotas import quota_error
 from polyfhe.serve.registry import Model, Registry
 from polyfhe.serve.replica import Reply, lost
 from polyfhe.serve.routes import Evaluated, Opened, SessionRef
@@ -54,10 +55,11 @@ def _expired(ttl_s: float) -> ApiError:
 
 
 class _Upload:
-    """Key bytes held by one upload in this front (the budget bounds what uploads hold here at once)."""
+    """Key bytes held by one upload in this front (the budget bounds what uploads hold here at once), charged as
+    they arrive; ``claimed`` once its body is complete and it holds a session slot."""
 
-    def __init__(self, owner: RaySessions) -> None:
-        self.owner, self.nbytes = owner, 0
+    def __init__(self, owner: RaySessions, client: str) -> None:
+        self.owner, self.client, self.nbytes, self.claimed = owner, client, 0, False
 
     def grow(self, nbytes: int) -> None:
         self.owner._grow(self, nbytes)
@@ -69,6 +71,7 @@ class RaySessions:
         self._lock = threading.Lock()
         self._uploads: list[_Upload] = []
         self._requests: dict[str, int] = {}  # per session, as seen by this front (bounded below)
+        self._by_client: dict[str, set[str]] = {}  # sessions this front opened, per client (pruned when full)
         self.running = 0
         self.rejected_total = 0
         self.timed_out_total = 0
@@ -80,24 +83,49 @@ class RaySessions:
 
     # ------------------------------------------------------------------------------ admission
     @contextlib.contextmanager
-    def admit(self, declared: int | None) -> Iterator[_Upload]:
-        upload = _Upload(self)
-        live = self.store.live_count()
+    def admit(self, client: str) -> Iterator[_Upload]:
+        """Refuses at once an upload that cannot succeed (503, 429); holds nothing until its bytes arrive."""
+        upload = _Upload(self, client)
+        self._check_slots(upload, self.store.live_count())
         with self._lock:
-            if live + len(self._uploads) >= self.config.max_sessions:
+            self._uploads.append(upload)
+        try:
+            yield upload
+        finally:
+            with self._lock:
+                self._uploads = [u for u in self._uploads if u is not upload]
+
+    def _check_slots(self, upload: _Upload, live: int) -> None:
+        """503 when the store's live sessions and this front's claimed uploads fill every slot; 429 when the
+        upload's client holds its quota of the sessions this front opened (blocking: reads records when full)."""
+        with self._lock:
+            claimed = sum(1 for u in self._uploads if u.claimed and u is not upload)
+            if live + claimed >= self.config.max_sessions:
                 self.rejected_total += 1
                 raise ApiError(503, "too_many_sessions", f"the server holds its limit of {self.config.max_sessions} "
                                "sessions; retry when one is deleted or expires",
                                retry_after=max(1, math.ceil(self.config.session_ttl_s / 4)),
                                extra={"max_sessions": self.config.max_sessions})
-            self._uploads.append(upload)
+            quota = self.config.session_quota
+            mine = set(self._by_client.get(upload.client, ()))
+            opening = sum(1 for u in self._uploads if u.claimed and u.client == upload.client and u is not upload)
+        if len(mine) + opening < quota:
+            return
+        live_ids = {sid for sid in mine if self._still_live(sid)}
+        with self._lock:
+            if live_ids:
+                self._by_client[upload.client] = live_ids | (self._by_client.get(upload.client, set()) - mine)
+            else:
+                self._by_client.pop(upload.client, None)
+        if len(live_ids) + opening >= quota:
+            raise quota_error(len(live_ids) + opening, quota, self.config.session_ttl_s)
+
+    def _still_live(self, session_id: str) -> bool:
         try:
-            if declared:
-                upload.grow(declared)
-            yield upload
-        finally:
-            with self._lock:
-                self._uploads = [u for u in self._uploads if u is not upload]
+            record = self.store.record(session_id)
+        except CorruptSession:
+            return False
+        return record is not None and not record.expired(self.config.session_ttl_s, time.time())
 
     def _grow(self, upload: _Upload, nbytes: int) -> None:
         budget = self.config.key_budget_bytes
@@ -176,6 +204,10 @@ class RaySessions:
 
     async def open(self, admission: _Upload, model: Model, body: bytearray, key_bytes: int, owner: str | None,
                    deadline: float) -> Opened:
+        live = await asyncio.to_thread(self.store.live_count)
+        await asyncio.to_thread(self._check_slots, admission, live)  # the body is complete: take a slot now
+        with self._lock:
+            admission.claimed = True
         session_id = secrets.token_urlsafe(24)
         now = time.time()
         record = StoredSession(session_id, model.name, model.program.program_id, key_bytes, 0, "", now, now, owner)
@@ -187,6 +219,8 @@ class RaySessions:
             await asyncio.to_thread(self.store.delete, session_id)  # a refused context leaves nothing behind
             raise
         self.created_total += 1
+        with self._lock:
+            self._by_client.setdefault(admission.client, set()).add(session_id)
         log.info("session %s opened for model %s (%d bytes of keys, stored)", session_id[:8], model.name, key_bytes)
         return Opened(session_id, reply.seconds)
 
@@ -215,6 +249,8 @@ class RaySessions:
         await asyncio.to_thread(self.store.delete, session_id)
         with self._lock:
             requests = self._requests.pop(session_id, 0)
+            for ids in self._by_client.values():
+                ids.discard(session_id)
         self.deleted_total += 1
         await self.holder.drop(session_id)  # the replica that holds it frees the keys now; others when idle
         log.info("session %s deleted", session_id[:8])
@@ -237,6 +273,9 @@ class RaySessions:
     async def sweep(self) -> None:
         self.expired_total += await asyncio.to_thread(self.store.sweep, self.config.session_ttl_s,
                                                       FORGET_EXPIRED_S)
+        live = await asyncio.to_thread(self.store.live_ids)
+        with self._lock:  # the per-client counts forget sessions that are gone, and clients without any
+            self._by_client = {c: ids & live for c, ids in self._by_client.items() if ids & live}
 
     def shutdown(self) -> None:
         return None

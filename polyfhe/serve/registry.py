@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polyfhe.program.engines import public_context_bytes
+from polyfhe.program.engines import max_context_bytes, public_context_bytes
 from polyfhe.program.manifest import ProgramError
 from polyfhe.program.params import estimated_sizes as params_sizes
 from polyfhe.runtime.plaintexts import DEFAULT_PLAINTEXT_BYTES, store_with_budget
@@ -76,6 +76,16 @@ class Model:
     program: CKKSProgram
     card: dict[str, Any] = field(default_factory=dict)
     observed_context_bytes: int | None = None  # size of the last public context accepted for it
+    folder: Path | None = None  # where it was loaded from
+    _context_bound: int | None = field(default=None, repr=False)
+
+    def context_limit(self, server_limit: int) -> int:
+        """The most bytes a public context for this model may have: its engine's bound for the program (exact
+        sizes of its keys), or the server's limit where the engine gives none or the server's is lower."""
+        if self._context_bound is None:
+            bound = max_context_bytes(self.program)
+            self._context_bound = bound if bound is not None else 0
+        return min(server_limit, self._context_bound) if self._context_bound else server_limit
 
     def describe(self) -> dict[str, Any]:
         if self.program.scheme == "concrete":
@@ -166,7 +176,7 @@ class Registry:
             if is_concrete_program(folder):
                 find_env()  # its servers run in Concrete ML's environment: refuse at start-up, not per session
                 program = load_concrete_program(folder)
-                self.models[name] = Model(name, program, _read_card(folder))
+                self.models[name] = Model(name, program, _read_card(folder), folder=folder)
                 log.info("serving model %s (Concrete ML program %s)", name, program.program_id)
                 return
             program = load_program(folder)
@@ -174,7 +184,7 @@ class Registry:
             self.skipped[name] = str(exc)
             log.info("skipping program %s: %s", name, exc)  # callers report ``skipped`` (serve prints it once)
             return
-        self.models[name] = Model(name, program, _read_card(folder))
+        self.models[name] = Model(name, program, _read_card(folder), folder=folder)
         log.info("serving model %s (program %s, %s)", name, program.program_id, program.params.describe())
 
     def get(self, name: str) -> Model | None:

@@ -82,13 +82,16 @@ class SessionCache:
         self._evaluating = asyncio.Semaphore(concurrency)  # evaluations at once; other requests wait here
         self._lock = threading.Lock()  # loads run on a thread while the event loop sweeps and reports
         self._held: collections.OrderedDict[str, HeldSession] = collections.OrderedDict()
+        self._loading: dict[str, int] = {}  # key bytes reserved by loads under way, per session
+        self._loaded: dict[str, threading.Event] = {}  # set when that load ends (others of the session wait)
         self.loads_total = 0
         self.evictions_total = 0
 
     @property
     def held_bytes(self) -> int:
+        """Key bytes held and reserved by loads under way."""
         with self._lock:
-            return sum(s.key_bytes for s in self._held.values())
+            return sum(s.key_bytes for s in self._held.values()) + sum(self._loading.values())
 
     def held(self) -> list[str]:
         """Held session ids, least recently used first."""
@@ -104,61 +107,111 @@ class SessionCache:
     def _drop(self, session_id: str) -> None:
         with self._lock:
             held = self._held.pop(session_id, None)
-        if held is None:
-            return
+        if held is not None:
+            self._release(session_id, held)
+
+    def _make_room(self, session_id: str, key_bytes: int) -> bool:
+        """Reserve ``key_bytes`` for ``session_id``'s load, dropping least recently used sessions for room; under
+        the lock with the check, so concurrent loads of different sessions cannot both pass it. False: another
+        load of the same session is under way (wait for it)."""
+        if key_bytes > self.budget_bytes:
+            raise ApiError(507, "key_budget_exceeded", f"this session's keys ({key_bytes} bytes) exceed a "
+                           f"replica's key budget of {self.budget_bytes} bytes", extra={
+                               "key_budget_bytes": self.budget_bytes})
+        dropped = []
+        with self._lock:
+            if session_id in self._loading:
+                return False
+            while True:
+                used = sum(s.key_bytes for s in self._held.values()) + sum(self._loading.values())
+                if used + key_bytes <= self.budget_bytes:
+                    break
+                if not self._held:
+                    raise ApiError(507, "key_budget_exceeded", f"loads in progress on this replica hold {used} "
+                                   f"bytes of its {self.budget_bytes}-byte key budget; {key_bytes} more do not fit; "
+                                   "retry shortly", retry_after=5, extra={"key_budget_bytes": self.budget_bytes})
+                victim, held = self._held.popitem(last=False)
+                dropped.append((victim, held))
+            self._loading[session_id] = key_bytes
+            self._loaded[session_id] = threading.Event()
+        for victim, held in dropped:
+            self._release(victim, held)
+            self.evictions_total += 1
+            log.info("replica %s: dropped session %s's keys to make room", self.name, victim[:8])
+        return True
+
+    def _release(self, session_id: str, held: HeldSession) -> None:
         close = getattr(held.server, "close", None)
         if close is not None:
             close()
         if self.on_evict is not None:
             self.on_evict(session_id)
 
-    def _make_room(self, key_bytes: int) -> None:
-        if key_bytes > self.budget_bytes:
-            raise ApiError(507, "key_budget_exceeded", f"this session's keys ({key_bytes} bytes) exceed a "
-                           f"replica's key budget of {self.budget_bytes} bytes", extra={
-                               "key_budget_bytes": self.budget_bytes})
-        while self.held() and self.held_bytes + key_bytes > self.budget_bytes:
-            session_id = self.held()[0]
-            self._drop(session_id)
-            self.evictions_total += 1
-            log.info("replica %s: dropped session %s's keys to make room", self.name, session_id[:8])
-
-    def load(self, session_id: str) -> HeldSession:
-        """The session's keys, from the store if this replica does not hold them (blocking: run it off the event
-        loop); :class:`ApiError` 404/410 when the store has no readable live copy, 400 when the engine refuses."""
+    def _cached(self, session_id: str) -> HeldSession | None:
         with self._lock:
             held = self._held.get(session_id)
             if held is not None:
                 self._held.move_to_end(session_id)
                 held.last_used = self._clock()
-                return held
+            return held
+
+    def load(self, session_id: str) -> HeldSession:
+        """The session's keys, from the store if this replica does not hold them (blocking: run it off the event
+        loop); :class:`ApiError` 404/410 when the store has no readable live copy, 400 when the engine refuses.
+        Loads of one session share one; loads of others reserve their bytes before they start."""
+        held = self._cached(session_id)
+        if held is not None:
+            return held
         t0 = time.perf_counter()
+        record, model = self._live_record(session_id)
+        while not self._make_room(session_id, record.key_bytes):
+            with self._lock:
+                loading = self._loaded.get(session_id)
+            if loading is not None:
+                loading.wait(timeout=self.ttl_s)
+            held = self._cached(session_id)
+            if held is not None:
+                return held
+        held = None
         try:
-            record = self.store.record(session_id)
-            if record is None:
-                raise ApiError(404, "unknown_session", "no such session (never created, deleted, or forgotten); "
-                               "open one with POST /v1/sessions?model=NAME")
-            if record.state != "live":
-                raise ApiError(410, "session_expired", "this session expired; open a new one with "
-                               "POST /v1/sessions?model=NAME")
-            model = self.registry.get(record.model)
-            if model is None or model.program.program_id != record.program_id:
-                raise lost(f"this server no longer runs program {record.program_id}")
             context = self.store.context(record)
+            server = engine_call(open_server, "context", model.program, context, self.max_context_bytes,
+                                 self.max_ciphertext_bytes)
+            del context
+            held = HeldSession(session_id, record.model, server, record.key_bytes, self._clock())
         except CorruptSession as exc:
             log.warning("replica %s: session %s is unreadable in the key store: %s", self.name, session_id[:8], exc)
             raise lost(str(exc)) from None
-        self._make_room(record.key_bytes)
-        server = engine_call(open_server, "context", model.program, context, self.max_context_bytes,
-                             self.max_ciphertext_bytes)
-        del context
-        held = HeldSession(session_id, record.model, server, record.key_bytes, self._clock())
-        with self._lock:
-            self._held[session_id] = held
+        finally:  # the reservation becomes the held session (or is freed); loads of it waiting see which
+            with self._lock:
+                self._loading.pop(session_id, None)
+                if held is not None:
+                    self._held[session_id] = held
+                done = self._loaded.pop(session_id, None)
+            if done is not None:
+                done.set()
         self.loads_total += 1
         log.info("replica %s: loaded session %s (%d bytes of keys) in %.2f s", self.name, session_id[:8],
                  record.key_bytes, time.perf_counter() - t0)
         return held
+
+    def _live_record(self, session_id: str):
+        """The session's live record and model from the store (404/410 otherwise)."""
+        try:
+            record = self.store.record(session_id)
+        except CorruptSession as exc:
+            log.warning("replica %s: session %s is unreadable in the key store: %s", self.name, session_id[:8], exc)
+            raise lost(str(exc)) from None
+        if record is None:
+            raise ApiError(404, "unknown_session", "no such session (never created, deleted, or forgotten); "
+                           "open one with POST /v1/sessions?model=NAME")
+        if record.state != "live":
+            raise ApiError(410, "session_expired", "this session expired; open a new one with "
+                           "POST /v1/sessions?model=NAME")
+        model = self.registry.get(record.model)
+        if model is None or model.program.program_id != record.program_id:
+            raise lost(f"this server no longer runs program {record.program_id}")
+        return record, model
 
     # ------------------------------------------------------------------------------ requests
     async def open(self, session_id: str, load: Callable[[str], Any]) -> Reply:

@@ -26,12 +26,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from polyfhe.program.engines import decoded_context_bytes
 from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT
 from polyfhe.serve.auth import TokenAuth
-from polyfhe.serve.bodies import declared_length, read_body
+from polyfhe.serve.bodies import Pace, declared_length, read_body
 from polyfhe.serve.clientspec import browser_support, client_spec
 from polyfhe.serve.config import ServeConfig
 from polyfhe.serve.errors import ApiError
 from polyfhe.serve.metrics import Metrics, rss_bytes
 from polyfhe.serve.page import index_html, static_asset
+from polyfhe.serve.quotas import UploadGate, client_key
 from polyfhe.serve.registry import Model, Registry
 from polyfhe.serve.uploads import check_upload
 
@@ -69,7 +70,8 @@ class Evaluated:
 
 
 class Admission(Protocol):
-    """A slot and key bytes held while one public context uploads and loads."""
+    """Key bytes held while one public context uploads and loads, charged as they arrive (507 past the budget);
+    the backend's ``open`` claims the session slot."""
 
     def grow(self, nbytes: int) -> None: ...
 
@@ -78,7 +80,8 @@ class SessionBackend(Protocol):
     """Where sessions' keys live and their evaluations run; every method raises :class:`ApiError` for what a
     client did wrong (404/410 for a session it no longer holds, 503/507 when full)."""
 
-    def admit(self, declared: int | None) -> contextlib.AbstractContextManager[Admission]: ...
+    # refuses at once what cannot succeed (503 server full, 429 client quota); reserves no slot or byte yet
+    def admit(self, client: str) -> contextlib.AbstractContextManager[Admission]: ...
     async def open(self, admission: Admission, model: Model, body: bytearray, key_bytes: int, owner: str | None,
                    deadline: float) -> Opened: ...
     async def acquire(self, session_id: str, owner: str | None) -> SessionRef: ...
@@ -162,11 +165,22 @@ class Served:
     backend: SessionBackend
     metrics: Metrics
     auth: TokenAuth | None = None
+    uploads: UploadGate = field(init=False)  # per-client uploads at once, from the config
+    pace: Pace = field(init=False)  # the slowest an upload may arrive
+
+    def __post_init__(self) -> None:
+        self.uploads = UploadGate(self.config.max_uploads_per_client)
+        self.pace = Pace(self.config.min_upload_bytes_per_s, self.config.upload_grace_s)
 
     def stats(self) -> dict:
         current, peak = rss_bytes()
         return {**self.metrics.snapshot(), **self.backend.stats(), "models": self.registry.names(),
-                "rss_bytes": current, "peak_rss_bytes": peak, "limits": self.config.limits()}
+                "uploads": self.uploads.stats(), "rss_bytes": current, "peak_rss_bytes": peak,
+                "limits": self.config.limits()}
+
+    def client(self, request: Request, owner: str | None) -> str:
+        """Who the request counts against for the per-client limits."""
+        return client_key(owner, request.client.host if request.client else None)
 
     def owner(self, request: Request) -> str | None:
         """The request's token fingerprint (401 without a valid one), or None when the server has no tokens."""
@@ -237,16 +251,20 @@ def _add_public_routes(app: FastAPI, served: Served) -> None:
 
     @app.get("/healthz")
     async def healthz() -> dict:
+        """Liveness for load balancers (no token asked): the model names and a session count, nothing more."""
         return {"status": "ok", "models": registry.names(), "sessions": served.backend.stats()["sessions"]["active"]}
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics() -> PlainTextResponse:
+    async def metrics(request: Request) -> PlainTextResponse:
+        """Prometheus text; with tokens on, only for a request with a valid token (a scraper gets one)."""
+        served.owner(request)
         s = served.backend.stats()
         text = served.metrics.prometheus(s["sessions"], s["workers"], len(registry.models), s["host"])
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/stats")
-    async def stats() -> dict:
+    async def stats(request: Request) -> dict:
+        served.owner(request)  # 401 without a valid token when the server has tokens
         return served.stats()
 
     @app.get("/v1/models")
@@ -283,10 +301,13 @@ def _add_session_routes(app: FastAPI, served: Served) -> None:
         until = deadline()
         owner = served.owner(request)
         entry = served.model_or_404(model)
-        declared = declared_length(request, "public context", config.max_context_bytes)
-        with backend.admit(declared) as admission:
-            grow = None if declared is not None else admission.grow
-            body = await read_body(request, "public context", config.max_context_bytes, until, grow)
+        limit = entry.context_limit(config.max_context_bytes)
+        why = f" (the most a public context for model {entry.name} can have)" if limit < config.max_context_bytes \
+            else ""
+        declared_length(request, "public context", limit, why)  # refused before anything is held for it
+        client = served.client(request, owner)
+        with served.uploads.hold(client), backend.admit(client) as admission:
+            body = await read_body(request, "public context", limit, until, admission.grow, served.pace, why)
             check_upload(body, KIND_CONTEXT, entry.program)
             upload_bytes = len(body)
             key_bytes = decoded_context_bytes(entry.program, len(body))
@@ -305,7 +326,7 @@ def _add_session_routes(app: FastAPI, served: Served) -> None:
         until = deadline()
         session = await backend.acquire(session_id, served.owner(request))
         try:
-            body = await read_body(request, "ciphertext", config.max_ciphertext_bytes, until)
+            body = await read_body(request, "ciphertext", config.max_ciphertext_bytes, until, pace=served.pace)
             check_upload(body, KIND_CIPHERTEXT, session.program)
             done = await backend.run(session, body, until)
         finally:

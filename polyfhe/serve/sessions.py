@@ -1,9 +1,11 @@
 """Live sessions: one client's public context loaded for one model, with an idle TTL and a byte budget.
 
-Admission is decided before the upload is read (by Content-Length) and again while it streams in, through a
-:class:`Reservation` that holds a session slot and the bytes counted so far; so two uploads racing for the
-last slot or the last bytes cannot both win. Memory is counted as the uploaded context size (the loaded SEAL
-keys take about as much again as their zstd-compressed bytes).
+An upload reserves nothing before its bytes arrive: :meth:`SessionStore.reserve` only refuses at once what cannot
+succeed (the server or this client already at its session limit), the key budget is charged as the bytes stream
+in (:meth:`SessionStore.grow`, through a :class:`Reservation`), and a session slot is claimed only once the body
+is complete and its header checked (:meth:`SessionStore.claim`); so a slow or stalled upload holds no slot and
+only the bytes it really sent, while two uploads racing for the last slot or the last bytes cannot both win.
+Memory is counted as the keys decoded (SEAL's compressed keys inflate), Concrete's as its worker costs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polyfhe.serve.errors import ApiError
+from polyfhe.serve.quotas import quota_error
 
 __all__ = ["Reservation", "Session", "SessionStore"]
 
@@ -37,6 +40,7 @@ class Session:
     requests: int = 0
     busy: int = 0  # requests in flight; a busy session is not expired under them
     owner: str | None = None  # fingerprint of the bearer token that opened it (None: the server has no tokens)
+    client: str | None = None  # who it counts against (polyfhe.serve.quotas.client_key)
 
     def short_id(self) -> str:
         return self.id[:8]  # enough to follow a session in the logs without printing the bearer token
@@ -44,19 +48,24 @@ class Session:
 
 @dataclass
 class Reservation:
-    """A session slot and ``nbytes`` of key budget, held while a context uploads and loads."""
+    """``nbytes`` of key budget held while a context uploads and loads, and, once ``claimed``, a session slot."""
 
     nbytes: int = 0
     open: bool = True
+    client: str | None = None
+    claimed: bool = False
 
 
 class SessionStore:
     def __init__(self, ttl_s: float, max_sessions: int, budget_bytes: int, expired_memory: int = 4096,
-                 clock=time.monotonic, on_drop: Callable[[Session], None] | None = None) -> None:
+                 clock=time.monotonic, on_drop: Callable[[Session], None] | None = None,
+                 client_quota: int | None = None) -> None:
         """``on_drop(session)``: called (under the store's lock: it must not block) for every session that
-        expires, is deleted or is lost, so its host frees the keys."""
+        expires, is deleted or is lost, so its host frees the keys. ``client_quota``: live sessions one client
+        may hold (None: any number up to ``max_sessions``)."""
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
+        self.client_quota = client_quota
         self.budget_bytes = budget_bytes
         self._clock = clock
         self._lock = threading.Lock()
@@ -83,6 +92,7 @@ class SessionStore:
         with self._lock:
             self._sweep_locked()
             return {"active": len(self._sessions), "uploading": len(self._pending),
+                    "clients": len({s.client for s in self._sessions.values()}),
                     "key_bytes": self.used_bytes, "key_budget_bytes": self.budget_bytes,
                     "max_sessions": self.max_sessions, "ttl_s": self.ttl_s, "created_total": self.created_total,
                     "expired_total": self.expired_total, "deleted_total": self.deleted_total,
@@ -109,23 +119,43 @@ class SessionStore:
                            extra={"key_budget_bytes": self.budget_bytes, "key_bytes_in_use": used})
 
     # ---------------------------------------------------------------------------------------- admission
-    def reserve(self, nbytes: int) -> Reservation:
-        """A slot for one more session with ``nbytes`` (0 when unknown yet); 503 or 507 when full."""
+    def _check_slots(self, client: str | None) -> None:
+        """503 when every session slot is held (sessions and claimed uploads), 429 when ``client`` holds its
+        quota."""
+        claimed = [r for r in self._pending if r.claimed]
+        if len(self._sessions) + len(claimed) >= self.max_sessions:
+            raise ApiError(503, "too_many_sessions",
+                           f"the server holds its maximum of {self.max_sessions} sessions; delete finished "
+                           "sessions (DELETE /v1/sessions/ID) or retry when idle ones expire "
+                           f"(sessions expire {self.ttl_s:g} s after their last use)",
+                           retry_after=self._retry_after(), extra={"max_sessions": self.max_sessions})
+        if self.client_quota is not None and client is not None:
+            held = sum(1 for s in self._sessions.values() if s.client == client) + \
+                sum(1 for r in claimed if r.client == client)
+            if held >= self.client_quota:
+                raise quota_error(held, self.client_quota, self.ttl_s)
+
+    def reserve(self, nbytes: int = 0, client: str | None = None) -> Reservation:
+        """A reservation of ``nbytes`` (0: charged as the upload arrives) for one more session of ``client``;
+        503, 429 or 507 at once when it could not succeed. It holds no session slot until :meth:`claim`."""
         with self._lock:
             self._sweep_locked()
-            if len(self._sessions) + len(self._pending) >= self.max_sessions:
-                raise ApiError(503, "too_many_sessions",
-                               f"the server holds its maximum of {self.max_sessions} sessions; delete finished "
-                               "sessions (DELETE /v1/sessions/ID) or retry when idle ones expire "
-                               f"(sessions expire {self.ttl_s:g} s after their last use)",
-                               retry_after=self._retry_after(), extra={"max_sessions": self.max_sessions})
+            self._check_slots(client)
             self._check_budget(nbytes)
-            reservation = Reservation(nbytes)
+            reservation = Reservation(nbytes, client=client)
             self._pending.append(reservation)
             return reservation
 
+    def claim(self, reservation: Reservation) -> None:
+        """Take a session slot for a complete, checked upload (503/429 if none is left for it)."""
+        with self._lock:
+            if not reservation.claimed:
+                self._sweep_locked()
+                self._check_slots(reservation.client)
+                reservation.claimed = True
+
     def grow(self, reservation: Reservation, nbytes: int) -> None:
-        """Raise a reservation to ``nbytes`` as a body without Content-Length streams in; 507 past the budget."""
+        """Raise a reservation to ``nbytes`` as an upload streams in; 507 past the budget."""
         with self._lock:
             if nbytes > reservation.nbytes:
                 self._check_budget(nbytes - reservation.nbytes)
@@ -148,7 +178,8 @@ class SessionStore:
     def add(self, reservation: Reservation, model: str, handle: Any, key_bytes: int, session_id: str | None = None,
             owner: str | None = None) -> Session:
         now = self._clock()
-        session = Session(session_id or self.new_id(), model, handle, key_bytes, now, now, owner=owner)
+        session = Session(session_id or self.new_id(), model, handle, key_bytes, now, now, owner=owner,
+                          client=reservation.client)
         with self._lock:
             self._drop_pending(reservation)
             self._sessions[session.id] = session

@@ -31,9 +31,15 @@ def test_session_store_ttl_budget_and_slots():
     with pytest.raises(ApiError) as exc:
         store.grow(r, 61)  # 40 + 61 > 100
     assert exc.value.status == 507
+    waiting = store.reserve(0)  # an upload still arriving holds no slot, only the bytes it sent
+    store.claim(r)  # r's body is complete: it takes the second slot
     with pytest.raises(ApiError) as exc:
-        store.reserve(0)  # one session and one upload hold both slots
+        store.claim(waiting)  # one session and one claimed upload hold both slots
     assert (exc.value.status, exc.value.code) == (503, "too_many_sessions") and exc.value.retry_after == 10
+    with pytest.raises(ApiError) as exc:
+        store.reserve(0)
+    assert exc.value.code == "too_many_sessions"
+    store.release(waiting)
     store.release(r)
     assert store.used_bytes == 40
     with pytest.raises(ApiError) as exc:

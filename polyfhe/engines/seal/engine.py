@@ -45,6 +45,17 @@ def _decoded_context_bytes(program, upload: int) -> int:
     return max(upload, decoded_context_bytes(n, len(program.params.coeff_mod_bits), len(elements)))
 
 
+def _max_context_bytes(program) -> int:
+    """The most bytes a valid public context can have on the wire: its SEAL objects uncompressed (a client may
+    send them so), plus zstd's or zlib's worst-case growth on incompressible bytes (at most 1/256 of the input and
+    a frame's fixed overhead per object), plus the container's prefix and the largest header it may carry."""
+    from polyfhe.program.wire import MAGIC, MAX_HEADER
+
+    decoded = _decoded_context_bytes(program, 0)
+    objects = 3  # public key, relinearisation keys, Galois keys
+    return len(MAGIC) + 5 + MAX_HEADER + decoded + decoded // 256 + objects * 1024
+
+
 def _context_bytes(params, galois_steps) -> int:
     from polyfhe.engines.seal.wiresize import public_context_bytes
 
@@ -101,6 +112,6 @@ def _build_notes() -> str:
 
 BACKEND = Backend("seal", "Microsoft SEAL 4.x through TenSEAL's sealapi", ("single", "batch"), _available, _prepare,
                   _client, _server, restore=_restore, decoded_context_bytes=_decoded_context_bytes,
-                  context_bytes=_context_bytes,
+                  context_bytes=_context_bytes, max_context_bytes=_max_context_bytes,
                   distributions=("tenseal",), build_notes=_build_notes, workload=_workload, probes=_probes,
                   server_imports=SERVER_IMPORTS, cost=COST, warm_plaintexts=_warm_plaintexts)
