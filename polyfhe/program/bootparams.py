@@ -270,8 +270,9 @@ def choose_bootstrap_params(depth: int, slots_needed: int, *, scale_bits: int | 
 
 def default_spec(params: CKKSParams, slots: int) -> BootstrapSpec:
     """Bootstrapping that refreshes the power of two of slots holding ``slots``: on the 128-bit ring N=2^16
-    (ring switching from a smaller residual ring), with the special primes that make its keys smallest;
-    insecure test rings (``allow_insecure``) bootstrap on their own ring with six special primes."""
+    itself (128-bit programs bootstrap on their own N=2^16 ring: ring switching from a smaller residual ring was
+    found insecure and is not used), with the special primes that make its keys smallest; insecure test rings
+    (``allow_insecure``) bootstrap on their own ring with six special primes."""
     log_slots = max(1, math.ceil(math.log2(max(slots, 2))))
     log_slots = min(log_slots, int(math.log2(params.slots)))
     if params.security != "tc128" and params.poly_modulus_degree < BOOTSTRAP_RING:

@@ -27,6 +27,8 @@ __all__ = ["HeldSession", "Reply", "SessionCache", "lost"]
 
 log = logging.getLogger(__name__)
 
+LOAD_WAIT_S = 120.0  # how long a load waits for others under way to free the room it needs
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -84,6 +86,7 @@ class SessionCache:
         self._held: collections.OrderedDict[str, HeldSession] = collections.OrderedDict()
         self._loading: dict[str, int] = {}  # key bytes reserved by loads under way, per session
         self._loaded: dict[str, threading.Event] = {}  # set when that load ends (others of the session wait)
+        self._changed = threading.Condition(self._lock)  # notified when a load ends (its room is known again)
         self.loads_total = 0
         self.evictions_total = 0
 
@@ -119,6 +122,7 @@ class SessionCache:
                            f"replica's key budget of {self.budget_bytes} bytes", extra={
                                "key_budget_bytes": self.budget_bytes})
         dropped = []
+        give_up = time.monotonic() + LOAD_WAIT_S
         with self._lock:
             if session_id in self._loading:
                 return False
@@ -126,12 +130,16 @@ class SessionCache:
                 used = sum(s.key_bytes for s in self._held.values()) + sum(self._loading.values())
                 if used + key_bytes <= self.budget_bytes:
                     break
-                if not self._held:
+                if self._held:
+                    victim, held = self._held.popitem(last=False)
+                    dropped.append((victim, held))
+                    continue
+                left = give_up - time.monotonic()  # only loads under way hold the room: wait for one to end
+                if left <= 0:
                     raise ApiError(507, "key_budget_exceeded", f"loads in progress on this replica hold {used} "
-                                   f"bytes of its {self.budget_bytes}-byte key budget; {key_bytes} more do not fit; "
-                                   "retry shortly", retry_after=5, extra={"key_budget_bytes": self.budget_bytes})
-                victim, held = self._held.popitem(last=False)
-                dropped.append((victim, held))
+                                   f"bytes of its {self.budget_bytes}-byte key budget; {key_bytes} more do not "
+                                   "fit; retry shortly", retry_after=5, extra={"key_budget_bytes": self.budget_bytes})
+                self._changed.wait(left)
             self._loading[session_id] = key_bytes
             self._loaded[session_id] = threading.Event()
         for victim, held in dropped:
@@ -188,6 +196,7 @@ class SessionCache:
                 if held is not None:
                     self._held[session_id] = held
                 done = self._loaded.pop(session_id, None)
+                self._changed.notify_all()
             if done is not None:
                 done.set()
         self.loads_total += 1

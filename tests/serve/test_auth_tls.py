@@ -67,6 +67,15 @@ def test_sessions_need_a_valid_token_and_answer_only_their_own(token_server, pro
     assert TOKEN_A not in token_server.log_text() and TOKEN_B not in token_server.log_text()
 
 
+def test_stats_and_metrics_need_a_token_when_tokens_are_on(token_server):
+    url = token_server.url
+    for path in ("/v1/stats", "/metrics"):
+        refused = httpx.get(f"{url}{path}", timeout=30)
+        assert refused.status_code == 401 and refused.json()["error"] == "unauthorized", path
+        assert httpx.get(f"{url}{path}", headers=_bearer(TOKEN_A), timeout=30).status_code == 200, path
+    assert httpx.get(f"{url}/healthz", timeout=30).status_code == 200  # liveness stays open for load balancers
+
+
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory):
     if shutil.which("openssl") is None:

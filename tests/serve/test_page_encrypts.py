@@ -1,7 +1,8 @@
 """The page as a client, in headless Chromium against a real ``polyfhe serve``: keys made in the page and kept in
 IndexedDB, an image dropped on the canvas, encrypted in the page, evaluated by the server, decrypted in the page;
-the class shown is the plaintext program's. Every request body the page sends is recorded and checked: public
-keys and ciphertexts only, never the secret key or the image in the clear."""
+the class shown is the plaintext program's. Every request the page makes is recorded whole (method, URL with query,
+headers, body of any method) and checked: bodies hold public keys and ciphertexts only, and nothing anywhere holds the
+secret key or the image in the clear (raw, hex, base64 or percent-encoded)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from browserlib import SCREENSHOT_DIR_ENV, RecordingProxy, headless_page
+from browserlib import SCREENSHOT_DIR_ENV, RecordingProxy, find_leaks, headless_page
 from serve_testlib import TINY
 
 from polyfhe.program.wire import ALLOWED_SECTIONS, KIND_CIPHERTEXT, KIND_CONTEXT, MAGIC
@@ -47,6 +48,12 @@ def _container(body: bytes) -> tuple[bytes, dict]:
     return kind, json.loads(body[start: start + size])
 
 
+def _js_number(v: float) -> str:
+    """``v`` as JavaScript's String(number) writes it (shortest round-trip digits; no ".0" on whole numbers)."""
+    v = float(v)
+    return str(int(v)) if v.is_integer() else repr(v)
+
+
 def _windows(data: bytes, width: int = 48, count: int = 64) -> list[bytes]:
     step = max(1, (len(data) - width) // count)
     return [data[i: i + width] for i in range(0, len(data) - width, step)][:count]
@@ -59,7 +66,8 @@ def test_page_classifies_an_encrypted_image_and_sends_no_secret(server, programs
     image = tmp_path / "digit.png"
     image.write_bytes(_png(pixels))
     with RecordingProxy(server.url) as proxy, headless_page(tmp_path, 1250, 1250) as (page, errors):
-        bodies = proxy.bodies  # every body that reached the server, as the page sent it
+        proxy.watch(page)  # and playwright's view of every request, to any origin
+        sent = proxy.requests  # every request that reached the server, whole, as the page sent it
         page.goto(proxy.url + "/")
         page.wait_for_selector("body[data-ready='1']", timeout=60_000)
         page.select_option("#page-model", TINY)
@@ -88,7 +96,7 @@ def test_page_classifies_an_encrypted_image_and_sends_no_secret(server, programs
         assert f"class {shown}" in top and "%" in top
         assert "server" in page.locator("#timings").inner_text()
         page.screenshot(path=str(shots / "serve-page-after.png"), full_page=True)
-        sessions = [u for _, u, _ in bodies if u.endswith(f"/v1/sessions?model={TINY}")]
+        sessions = [r for r in sent if r.url.endswith(f"/v1/sessions?model={TINY}")]
         assert len(sessions) == 1
 
         page.reload()  # the keys live in IndexedDB: the next visit reuses them and the server's session
@@ -99,7 +107,7 @@ def test_page_classifies_an_encrypted_image_and_sends_no_secret(server, programs
         again, _, logits_again = classify()
         assert again == shown
         np.testing.assert_allclose(logits_again, plain, atol=1e-2 * max(1.0, float(np.abs(plain).max())))
-        assert len([u for _, u, _ in bodies if "/v1/sessions?model=" in u]) == 1  # no second key upload
+        assert len([r for r in sent if "/v1/sessions?model=" in r.url]) == 1  # no second key upload
         saved = page.evaluate(READ_SECRET_KEYS)
         assert [r["program_id"] for r in saved] == [program.program_id]
         secret = bytes(saved[0]["secret_key"])
@@ -110,13 +118,21 @@ def test_page_classifies_an_encrypted_image_and_sends_no_secret(server, programs
         assert not errors, errors
 
     # every body the page sent: a public context or a ciphertext, and nothing of the secret key or the image
-    posts = [(url, body) for method, url, body in bodies if method == "POST"]
+    # anywhere in any request (URL, query, headers, bodies of every method), as the proxy and playwright saw them
+    assert sent and proxy.page_requests and any(r.method == "GET" for r in sent)
+    assert proxy.elsewhere() == []  # no request went around the proxy (to another origin)
+    posts = [(r.url, r.body) for r in sent if r.method == "POST"]
     assert len(posts) == 3  # one context, two queries (the DELETE of "Delete my keys" has no body)
-    assert all(not body for method, _, body in bodies if method != "POST")
+    assert all(not r.body for r in sent if r.method != "POST")
     secret_windows = _windows(secret[SECRET_DATA_OFFSET:])
     clear = [image.read_bytes(), pixels.tobytes()]
     clear += [given.astype("<f8").tobytes()[i: i + 64] for i in range(0, len(given) * 8 - 64, 64)]
     clear += [given.astype("<f4").tobytes()[i: i + 32] for i in range(0, len(given) * 4 - 32, 32)]
+    # the image as text, as JSON.stringify or a form would write it: inputs in [0, 1], pixel values
+    text = [",".join(_js_number(v) for v in given[i: i + 4]).encode() for i in range(0, len(given) - 4, 4)]
+    text += [",".join(str(int(p)) for p in pixels.ravel()[i: i + 8]).encode() for i in range(0, 56, 8)]
+    assert find_leaks(proxy.everything, {"the secret key": secret_windows, "the image in the clear": clear,
+                                         "the image as text": text}) == []
     for url, body in posts:
         kind, header = _container(body)
         names = [name for name, _ in header["sections"]]
@@ -125,7 +141,5 @@ def test_page_classifies_an_encrypted_image_and_sends_no_secret(server, programs
             assert "secret_key" not in names
         else:
             assert kind == KIND_CIPHERTEXT and names == ["ct0"] and header["role"] == "input"
-        assert not any(w in body for w in secret_windows), f"the secret key is in a request to {url}"
-        assert not any(c in body for c in clear), f"the image is in the clear in a request to {url}"
         assert set(header) <= {"program_id", "params", "params_full", "galois_steps", "client", "role", "count",
                                "samples", "sections"}

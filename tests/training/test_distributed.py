@@ -19,6 +19,7 @@ from polyfhe.commands.train import launch_command, worker_argv
 from polyfhe.data.sources import ImageDataset, load_digits
 from polyfhe.models.layers.norms import ChannelBatchNorm
 from polyfhe.training import train
+from polyfhe.training.data import make_splits
 from polyfhe.training.distributed import (
     SINGLE,
     DistContext,
@@ -31,6 +32,7 @@ from polyfhe.training.distributed import (
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("ddp_worker.py")
+SHARES_WORKER = Path(__file__).with_name("ddp_shares_worker.py")
 MONET_TINY = ["--model-arg", "dims=[16]", "--model-arg", "depths=[1]"]
 CLI_RUN = ["--model", "monet_lr_bn", "--data", "digits", "--train-subset", "256", "--epochs", "2",
            "--batch-size", "64", "--device", "cpu", "--no-progress", "--ema-decay", "0.9", "--optimizer", "sgd",
@@ -116,6 +118,56 @@ def test_torchrun_workers_match_one_process(tmp_path: Path, digits_320: ImageDat
     _assert_same_weights(two, tmp_path / "one")
     assert report["test_accuracy"] == one.metrics.test_accuracy
     assert not (two / "last").is_symlink() and (two / "last" / "train_state.pt").is_file()
+
+
+def _check_shares(run: Path, expected_labels: set[int], batch: int, epochs: int) -> None:
+    """Each rank's steps trained on its share only: per global batch the ranks' images are disjoint and as many as
+    the batch, each rank takes batch / world of them, and per epoch the ranks together cover every training image
+    exactly once (none is dropped: the split is a multiple of the batch)."""
+    reports = [json.loads(p.read_text()) for p in sorted(run.glob("shares-*.json"))]
+    world = reports[0]["world"]
+    assert world == 2 and sorted(r["rank"] for r in reports) == list(range(world))
+    steps_per_epoch = len(expected_labels) // batch
+    assert len(expected_labels) % batch == 0
+    for report in reports:
+        assert len(report["steps"]) == epochs * steps_per_epoch, report["rank"]
+        for step in report["steps"]:
+            # the model received this rank's share, not the global batch
+            assert step["rows"] == len(step["labels"]) == batch // world, (report["rank"], step["rows"])
+    for epoch in range(epochs):
+        seen: list[int] = []
+        for step in range(epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch):
+            shares = [set(r["steps"][step]["labels"]) for r in reports]
+            assert not shares[0] & shares[1], f"step {step}: ranks trained on the same images"
+            seen += [label for r in reports for label in r["steps"][step]["labels"]]
+        assert len(seen) == len(set(seen)) and set(seen) == expected_labels, f"epoch {epoch}"
+
+
+def test_each_rank_trains_on_its_share_of_the_batch(tmp_path: Path) -> None:
+    """Counted, not inferred from the weights (replicating the global batch on every rank can train to the same
+    weights): two gloo ranks, every training image labelled with a class of its own, the labels and rows of each
+    rank's steps recorded. The worker's second run replaces the sharding with a non-distributed one (every rank
+    takes the whole global batch); the same checks must reject it."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(SHARES_WORKER), str(tmp_path)], env=_env(), capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sys.path.insert(0, str(SHARES_WORKER.parent))
+    try:
+        import ddp_shares_worker as worker
+    finally:
+        sys.path.remove(str(SHARES_WORKER.parent))
+    cfg = worker.TRAIN
+    splits = make_splits(worker.unique_labels(), val_fraction=cfg["val_fraction"], seed=0, normalize=True)
+    expected = set(splits.y_train.tolist())
+    assert len(expected) == 288
+    _check_shares(tmp_path / "split", expected, cfg["batch_size"], cfg["epochs"])
+    with pytest.raises(AssertionError):  # the negative control: replicated batches are caught
+        _check_shares(tmp_path / "replicated", expected, cfg["batch_size"], cfg["epochs"])
+    # and not because that run failed: it trained every step, on the whole global batch per rank
+    replicated = [json.loads(p.read_text()) for p in sorted((tmp_path / "replicated").glob("shares-*.json"))]
+    assert [len(r["steps"]) for r in replicated] == [cfg["epochs"] * 9] * 2
+    assert all(s["rows"] == cfg["batch_size"] for r in replicated for s in r["steps"])
 
 
 # ------------------------------------------------------------------------------------------ in one process

@@ -1,6 +1,6 @@
 /* Exception-safe calls into SEAL's C++ functions for polyfhe/engines/seal/native.py (opened with ctypes).
  *
- * seal_native.py calls seven SEAL functions exported by TenSEAL's _sealapi_cpp (ciphertext copy,
+ * native.py calls seven SEAL functions exported by TenSEAL's _sealapi_cpp (ciphertext copy,
  * multiply_plain_ntt, add_inplace, rotate_internal, multiply_inplace, relinearize_internal, rescale_to_next)
  * through ctypes, with the GIL released. A C++ exception must
  * never unwind into ctypes' C frames: it would reach std::terminate and abort the whole process (a server, with
@@ -18,7 +18,7 @@
  * caller-owned temporary passed by address. Every object is therefore a void*.
  *
  * The catch of std::exception matches SEAL's throws because this library and SEAL share one libstdc++ (both
- * link it dynamically: the install builds this file with g++, -fexceptions, and -lstdc++); seal_native.py's
+ * link it dynamically: the install builds this file with g++, -fexceptions, and -lstdc++); native.py's
  * self-test checks that a refusal comes back as status 1 with SEAL's message before it enables the native path.
  *
  * Like _kernels.c this is an extension module only so that setuptools builds it and Python can locate it.
