@@ -21,7 +21,7 @@ from dataclasses import replace
 import numpy as np
 
 from polyfhe.engines.lattigo.bootkeys import generate_in_child
-from polyfhe.engines.lattigo.bootshape import expected_bootstrap_keys
+from polyfhe.engines.lattigo.bootshape import bootstrap_key_shape, expected_bootstrap_keys
 from polyfhe.engines.lattigo.format import (
     LattigoModel,
     bootstrap_spec,
@@ -34,9 +34,11 @@ from polyfhe.engines.lattigo.format import (
 from polyfhe.engines.lattigo.go_env import warn_if_missing
 from polyfhe.engines.lattigo.keybytes import (
     KeyShape,
+    bootstrap_keys_bytes,
     check_bootstrap_keys,
     check_ciphertext,
     check_evaluation_keys,
+    evaluation_keys_bytes,
 )
 from polyfhe.program.bootparams import (
     LATTIGO_KEY_COPIES,
@@ -62,11 +64,20 @@ from polyfhe.program.boundary import (
 )
 from polyfhe.program.engine_api import Backend, BackendUnavailable, CostTraits, KeySetTooLarge
 from polyfhe.program.params import MAX_BITS_128, ParameterError, estimated_sizes
-from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, KIND_SECRET, WireError, pack, unpack
+from polyfhe.program.wire import (
+    KIND_CIPHERTEXT,
+    KIND_CONTEXT,
+    KIND_SECRET,
+    MAGIC,
+    MAX_HEADER,
+    WireError,
+    pack,
+    unpack,
+)
 from polyfhe.runtime.execute import pack_single, unpack_single
 
-__all__ = ["BACKEND", "LattigoClient", "LattigoServer", "key_set_bytes", "lattigo_primes", "lower", "modulus_bits",
-           "planned_counts"]
+__all__ = ["BACKEND", "LattigoClient", "LattigoServer", "key_set_bytes", "lattigo_primes", "lower",
+           "max_context_bytes", "modulus_bits", "planned_counts"]
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +181,24 @@ def context_limit(program) -> int:
     spec = bootstrap_spec(program.manifest)
     extra = 0 if not spec else bootstrap_key_bytes(program.params, BootstrapSpec.from_dict(spec)) * 11 // 10
     return DEFAULT_MAX_CONTEXT_BYTES + extra
+
+
+def max_context_bytes(program) -> int:
+    """The most bytes a valid public context for ``program`` can have on the wire: the container's prefix (magic,
+    kind, u32 header length), the largest header :func:`~polyfhe.program.wire.unpack` reads, the evaluation key set
+    at the one size :func:`check_evaluation_keys` accepts and, for a program that bootstraps, the bootstrapping keys
+    at the one size their parameters imply (:func:`bootstrap_keys_bytes`). Exact but for the header's slack; pure
+    arithmetic (no wheel). The relinearisation key is counted unless the manifest says the program needs none."""
+    spec = bootstrap_spec(program.manifest)
+    params = lattigo_params(program.params, spec)
+    n = program.params.poly_modulus_degree
+    galois_keys = len({galois_element(step, n) for step in program.manifest.galois_steps})
+    needs_relin = bool(program.manifest.info.get(NAME, {}).get("needs_relin", True))
+    total = len(MAGIC) + 1 + 4 + MAX_HEADER
+    total += evaluation_keys_bytes(KeyShape.from_lattigo_params(params), galois_keys, needs_relin)
+    if spec:
+        total += bootstrap_keys_bytes(bootstrap_key_shape(params, spec))
+    return total
 
 
 def _check_key_set(params, galois_keys: int, needs_relin: bool) -> None:
@@ -527,6 +556,7 @@ MATMUL_REGISTERS = 1
 
 BACKEND = Backend(NAME, "Lattigo v6 (hoisted BSGS) through the orion-v2 wheels", ("single",), _available, _prepare,
                   LattigoClient, LattigoServer, composes_rotations=False, bootstraps=True,
+                  max_context_bytes=max_context_bytes,
                   distributions=("orion-v2-lattigo", "orion-v2-evaluator"), reserve_bits=RESERVE_BITS,
                   workload=_workload, probes=_probes, server_imports=SERVER_IMPORTS, cost=COST,
                   matmul_registers=MATMUL_REGISTERS, rotate_sums=False)

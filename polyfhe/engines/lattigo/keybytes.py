@@ -11,15 +11,19 @@ left, so nothing Go allocates can exceed the upload). Layout (Lattigo v6, measur
 - Galois key: u64 element | u64 nth root | evaluation key;
 - evaluation key (gadget ciphertext): u64 base-two decomposition (0) | u64 rows (ceil(Q/P)) | per row: u64 columns (1)
   | u64 pair (2) | two ring-QP polynomials, each u64 Q-count | Q x (u64 N | N x u64) | u64 P-count | P x (...);
+  these three counts are checked exactly for every key, the bootstrapping keys' too (the bridge makes every key
+  with ``rlwe.KeyGenerator``'s defaults: no base-two decomposition, so one column per row), since Lattigo's gadget
+  product indexes the first column of every row;
 - ciphertext: u8 has-metadata (1) | metadata (277 bytes of JSON) | u64 components | per component u64 prime
   count | primes x (u64 N | N x u64);
 - bootstrapping keys: six optional evaluation keys (u8 flag | key) then an optional key set (u8 flag | key set).
 
-Values are checked too, in one linear pass (:func:`polyfhe.engines.seal.sealbytes.scan_polynomial`, numpy, in place):
+Values are checked too, in one linear pass (:func:`polyfhe.program.rns_scan.scan_polynomial`, numpy, in place):
 every polynomial of every key has each residue below its prime (the program's primes where :class:`KeyShape`
-carries them, else Lattigo's 61-bit prime bound) and, per prime, is neither all-zero nor constant (a real key's
-polynomials are uniformly random; a key of zeros makes rotations produce transparent ciphertexts). Input
-ciphertexts: residues below the bound, second component zero modulo no prime. The bootstrapping keys are walked
+carries them, else Lattigo's 61-bit prime bound) and, per prime, is neither all-zero, constant nor mostly zero
+(:data:`polyfhe.program.rns_scan.MAX_ZEROS`; a real key's polynomials are uniformly random; a key of zeros makes
+rotations produce transparent ciphertexts). Input ciphertexts: residues below the bound, second component zero
+modulo no prime and not mostly zero. The bootstrapping keys are walked
 against the exact shape their parameters imply when given one (:class:`BootKeyShape`, computed by
 :mod:`polyfhe.engines.lattigo.bootshape`'s port of Lattigo's own logic): which keys are present, each key's
 ring, rows and prime counts, the Galois key count and elements; a missing or extra Galois key is refused naming its
@@ -38,8 +42,8 @@ from polyfhe.program.rns_scan import scan_polynomial
 from polyfhe.program.sizes import key_switching_key_bytes
 from polyfhe.program.wire import WireError
 
-__all__ = ["BOOT_KEY_NAMES", "BootKeyShape", "KeyShape", "KeySummary", "check_bootstrap_keys", "check_ciphertext",
-           "check_evaluation_keys"]
+__all__ = ["BOOT_KEY_NAMES", "BootKeyShape", "KeyShape", "KeySummary", "bootstrap_keys_bytes", "check_bootstrap_keys",
+           "check_ciphertext", "check_evaluation_keys", "evaluation_keys_bytes"]
 
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
@@ -167,35 +171,53 @@ def _polynomial(cur: _Cursor, want: int | None, known: bool, shape, part: str, n
 
 def _evaluation_key(cur: _Cursor, shape: KeyShape | None, name: str = "a key",
                     moduli: BootKeyShape | None = None) -> KeySummary:
-    """One evaluation key: of exactly ``shape``, or (``None``: the bootstrapping keys, whose shapes belong to
-    Lattigo's bootstrapping circuit) of any shape whose every count is bounded and whose data is present; every
-    polynomial scanned (residues below the primes, none zero or constant modulo a prime). ``moduli``: where the
-    primes come from when ``shape`` is None."""
+    """One evaluation key (a gadget ciphertext): of exactly ``shape``, or (``None``: the bootstrapping keys, whose
+    prime counts belong to Lattigo's bootstrapping circuit and are compared with :class:`BootKeyShape` after the
+    walk) of any ring and prime counts whose every count is bounded and whose data is present. Either way the
+    gadget is exactly what ``rlwe.KeyGenerator``'s defaults make, as Lattigo's gadget product indexes it: base-two
+    decomposition 0, ceil(Q/P) rows (at least one P prime), one column per row
+    (``BaseTwoDecompositionVectorSize`` is 1 per row without a base-two decomposition), every polynomial on the
+    same ring and primes; a row of no column would make Go index out of range. Every polynomial scanned (residues
+    below the primes, none zero, constant or mostly zero modulo a prime). ``moduli``: where the primes come from
+    when ``shape`` is None."""
     known = shape is not None
-    _field(cur, _U64, 0 if known else None, MAX_PRIMES, "the base-two decomposition")
+    cur.expect(_U64, 0, f"the base-two decomposition of {name}")
     degree, counts = None, None
-    rows = _field(cur, _U64, shape.rows if known else None, MAX_PRIMES, "the decomposition rows")
+    rows_at = cur.at
+    rows = _field(cur, _U64, shape.rows if known else None, MAX_PRIMES, f"the gadget row count of {name}")
+    if not rows:
+        raise WireError(f"{cur.what}: the gadget row count of {name} is 0 at byte {rows_at}; a key has "
+                        "ceil(Q/P) rows, at least one")
     for row in range(rows):
-        for column in range(_field(cur, _U64, 1 if known else None, MAX_PRIMES, "the columns")):
-            cur.expect(_U64, 2, "the ciphertext components")
-            for component in range(2):
-                here = []
-                for part in ("Q", "P"):
-                    want = (shape.q if part == "Q" else shape.p) if known else None
-                    if want is None and counts is not None:
-                        want = counts[len(here)]  # every polynomial of a key on the same primes
-                    label = f"{name}, row {row} column {column} component {component}"
-                    count, degree = _polynomial(cur, want, known, shape if known else moduli, part, label, degree)
-                    here.append(count)
-                counts = tuple(here)
-    q, p = counts if counts is not None else (0, 0)
-    return KeySummary(degree or 0, rows, q, p)
+        cur.expect(_U64, 1, f"the column count of row {row} of {name}")
+        cur.expect(_U64, 2, f"the ciphertext components of row {row} of {name}")
+        for component in range(2):
+            here = []
+            for part in ("Q", "P"):
+                want = (shape.q if part == "Q" else shape.p) if known else None
+                if want is None and counts is not None:
+                    want = counts[len(here)]  # every polynomial of a key on the same primes
+                label = f"{name}, row {row} column 0 component {component}"
+                count, degree = _polynomial(cur, want, known, shape if known else moduli, part, label, degree)
+                here.append(count)
+            counts = tuple(here)
+    q, p = counts
+    if not q or not p or rows != math.ceil(q / p):
+        need = f"ceil({q}/{p}) = {math.ceil(q / p)} rows" if q and p else "at least one Q and one P prime"
+        raise WireError(f"{cur.what}: {name} has {rows} gadget rows on {q}+{p} primes; Lattigo's keys have {need}")
+    return KeySummary(degree, rows, q, p)
+
+
+def evaluation_keys_bytes(shape: KeyShape, galois_keys: int, needs_relin: bool) -> int:
+    """The exact size of a key set of ``galois_keys`` Galois keys (and the relinearisation key) at ``shape``: the
+    only size :func:`check_evaluation_keys` accepts."""
+    return 1 + needs_relin * shape.key_bytes + 5 + galois_keys * (8 + shape.galois_key_bytes)
 
 
 def check_evaluation_keys(data, shape: KeyShape, galois_elements: set[int], needs_relin: bool) -> None:
     """Raise :class:`WireError` unless ``data`` is exactly the program's key set at ``shape``."""
     cur = _Cursor(data, "evaluation keys")
-    expected = (1 + needs_relin * shape.key_bytes + 5 + len(galois_elements) * (8 + shape.galois_key_bytes))
+    expected = evaluation_keys_bytes(shape, len(galois_elements), needs_relin)
     if len(cur.view) != expected:
         raise WireError(f"evaluation keys of {len(cur.view)} bytes; this program's "
                         f"{len(galois_elements)} Galois key(s){' and relinearisation key' if needs_relin else ''} "
@@ -300,11 +322,25 @@ def _galois_difference(cur: _Cursor, count: int, shape: BootKeyShape) -> str:
     return ": " + "; ".join(parts) if parts else ""
 
 
+def bootstrap_keys_bytes(shape: BootKeyShape) -> int:
+    """The exact size of the bootstrapping keys ``shape`` describes, the only size :func:`check_bootstrap_keys`
+    accepts with it: the six switching keys' flags and keys, the key set's flag, its relinearisation key (flag
+    and key) and its Galois keys (flag, u32 count, per key u64 element, u64 own element, u64 nth root, key)."""
+    def key(counts: tuple[int, int]) -> int:
+        return KeyShape(shape.n, *counts, 2 * shape.n).key_bytes
+
+    switching = sum(1 + (0 if counts is None else key(counts)) for counts in shape.switching)
+    relin = 1 + (0 if shape.relin is None else key(shape.relin))
+    return switching + 1 + relin + 1 + 4 + shape.galois_count * (24 + key(shape.galois))
+
+
 def check_bootstrap_keys(data, shape: BootKeyShape | None = None) -> list[tuple[str, KeySummary]]:
     """Raise :class:`WireError` unless ``data`` walks as Lattigo's bootstrapping keys, every count within the
     bytes present (so Go can allocate no more than the upload), nothing left over, and every polynomial scanned
-    (residues below the primes, none zero or constant modulo a prime); with ``shape``, exactly the keys and
-    shapes it implies. Returns what each key holds (name, :class:`KeySummary`)."""
+    (residues below the primes, none zero, constant or mostly zero modulo a prime), every key's gadget exact (base-two
+    decomposition 0, ceil(Q/P) rows of one column); with ``shape``, exactly the keys and shapes it implies. A server
+    always passes ``shape`` (:func:`polyfhe.engines.lattigo.bootshape.expected_bootstrap_keys`); without one the
+    walk only reports what the keys hold (tests, tools). Returns what each key holds (name, :class:`KeySummary`)."""
     cur = _Cursor(data, "bootstrapping keys")
     found: list[tuple[str, KeySummary]] = []
     for index, name in enumerate(BOOT_KEY_NAMES):

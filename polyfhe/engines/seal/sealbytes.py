@@ -17,9 +17,10 @@ load it, uncompressed. Formats (SEAL 4.x, ``serializable.h``, ``ciphertext.cpp``
 
 Values are checked too, in one linear pass over the inflated bytes (:func:`scan_polynomial`, numpy, a bounded
 buffer): every key-switching key and the public key must hold each residue below its prime (the key level's
-primes, in order) and no degenerate polynomial (per prime, neither component all-zero nor constant: a real key's
-components are uniformly random, and a key of zeros makes the first rotation a transparent ciphertext); a
-ciphertext's residues are below the primes of its level and its second component is zero modulo no prime.
+primes, in order) and no degenerate polynomial (per prime, neither component all-zero, constant nor mostly zero,
+:data:`polyfhe.program.rns_scan.MAX_ZEROS`: a real key's components are uniformly random, and a key of zeros makes
+the first rotation a transparent ciphertext); a ciphertext's residues are below the primes of its level and its
+second component (uniformly random) is zero, or mostly zero, modulo no prime.
 """
 
 from __future__ import annotations
@@ -257,9 +258,9 @@ def check_ciphertext(fd: int, offset: int, length: int, layout: SealLayout, *, k
                      nested: NestedHeaders | None = None) -> CiphertextFields:
     """Walk one ciphertext's members at ``offset`` (``length`` payload bytes): a known level, two components,
     this ring, the exact data length, a finite positive scale; then scan its values: every residue below its
-    prime (the primes of its level, in order) and, for a ciphertext, the second component zero modulo no prime
-    (not transparent); for a key (``key_level``: a public key or one part of a key-switching key) neither
-    component all-zero or constant modulo any prime. ``nested``: see :func:`read_header`."""
+    prime (the primes of its level, in order) and, for a ciphertext, the second component zero or mostly zero
+    modulo no prime (not transparent); for a key (``key_level``: a public key or one part of a key-switching key)
+    neither component all-zero, constant or mostly zero modulo any prime. ``nested``: see :func:`read_header`."""
     raw = os.pread(fd, CT_MEMBERS, offset)
     if len(raw) != CT_MEMBERS:
         raise SerializationError(f"truncated {what}")
