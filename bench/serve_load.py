@@ -7,6 +7,8 @@
     python bench/serve_load.py --server URL --model NAME          # an already running server
     python bench/serve_load.py -k 32 --attacker --isolation process thread --baseline-tree ../polyfhe-prev
                                                                   # one attacker beside 32 honest clients
+    python bench/serve_load.py -k 8 --attacker --slow-uploads 2 --baseline-tree ../polyfhe-prev
+                                                                  # trickling uploads beside 8 honest clients
     python bench/serve_load.py --ray 1 2 --failover               # also `polyfhe serve --ray` with 1 and 2
                                                                   # replicas, then a replica killed under load
 
@@ -26,7 +28,10 @@ in the server's own process): the difference is what isolation costs per query.
 ``--attacker`` adds one client that, from the moment the honest ones start until they finish, loops the crafted
 requests of ``serve_attacks.py`` (Galois keys with a zero random part and a single-residue ciphertext in the
 session they open, a 100,000-deep header, random bytes); its answers are counted by status (0: no answer), and
-whether the server was still alive at the end is reported.
+whether the server was still alive at the end is reported. ``--slow-uploads N`` keeps N session uploads that
+declare 4 GiB and N that declare the model's largest possible context open meanwhile (``slow_uploads.py``), each
+sending a byte a second from a loopback address of its own (127.0.0.2 and up) and opened again when answered;
+their answers are counted by status (-1: closed unanswered).
 
 ``--ray R [R ...]`` runs the same load, in the same run, against ``polyfhe serve --ray --replicas R:R`` (a local Ray
 cluster on loopback with ``--ray-cpus`` CPUs, a key store in a temporary folder) for each R, and reports each
@@ -60,6 +65,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine_info import machine_info
 from serve_attacks import attack_requests
+from slow_uploads import SlowUploads
 from square_mlp import square_mlp_program
 
 from polyfhe.procinfo import proc_bytes
@@ -234,12 +240,26 @@ def attack(url: str, model: str, program, sample: np.ndarray, start: threading.B
             i += 1
 
 
+def slow_uploads(url: str, model: str, program, count: int) -> SlowUploads | None:
+    """``count`` uploads declaring 4 GiB and ``count`` declaring the most a context for ``model`` can have, each
+    from a loopback address of its own, a byte a second (None when ``count`` is 0)."""
+    if not count:
+        return None
+    from polyfhe.program.engines import max_context_bytes
+
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    bound = max_context_bytes(program) if program is not None else None
+    declared = [4 << 30] * count + [bound or (4 << 30)] * count
+    sources = [f"127.0.0.{2 + i}" for i in range(len(declared))]
+    return SlowUploads(host, int(port), f"/v1/sessions?model={model}", declared, sources)
+
+
 def run_load(url: str, model: str, clients: int, requests: int, program=None, retries: int = 10,
-             attacker: bool = False, chaos=None) -> dict:
+             attacker: bool = False, chaos=None, slow: int = 0) -> dict:
     """K threads, each its own session; the first request of each apart, then M - 1 timed together; with
     ``attacker``, one more thread loops crafted requests meanwhile; ``chaos(answered)``, if given, runs in a thread
     of its own once the clients start (``answered()``: requests answered so far) and returns when it struck (a
-    ``time.perf_counter()``, or None)."""
+    ``time.perf_counter()``, or None); ``slow``: trickling uploads kept open meanwhile (:func:`slow_uploads`)."""
     with ServeClient(url) as api:
         manifest = api.manifest(model)
     shape = tuple(manifest.input_shape[1:])
@@ -302,6 +322,10 @@ def run_load(url: str, model: str, clients: int, requests: int, program=None, re
         attacker_thread = threading.Thread(target=attack, args=(url, model, program, inputs[0], start, stop,
                                                                 attack_codes))
         attacker_thread.start()
+    trickles = slow_uploads(url, model, program, slow)
+    if trickles is not None:
+        trickles.start()
+        time.sleep(2)  # every trickle has declared its length before an honest client uploads
     for t in threads:
         t.start()
     start.wait()
@@ -317,6 +341,7 @@ def run_load(url: str, model: str, clients: int, requests: int, program=None, re
     if chaos_thread is not None:
         chaos_thread.join(600)
     stop.set()
+    slow_answers = trickles.stop() if trickles is not None else None
     if attacker_thread is not None:
         attacker_thread.join(600)
     try:
@@ -325,7 +350,7 @@ def run_load(url: str, model: str, clients: int, requests: int, program=None, re
         alive = False
     ok = len(first) + len(latencies)
     return {"attacker_codes": {str(c): attack_codes.count(c) for c in sorted(set(attack_codes))} if attacker
-            else None, "server_alive": alive,"clients": clients, "requests_per_client": requests, "ok": ok, "errors": clients * requests - ok,
+            else None, "slow_upload_answers": slow_answers, "server_alive": alive,"clients": clients, "requests_per_client": requests, "ok": ok, "errors": clients * requests - ok,
             "error_messages": errors[:20], "wall_s": wall, "throughput_rps": ok / wall if wall else None,
             "first_p50_s": statistics.median(first) if first else None, "first_p95_s": _pct(first, 0.95),
             "p50_s": _pct(latencies, 0.50), "p95_s": _pct(latencies, 0.95),
@@ -370,7 +395,7 @@ def markdown(rows: list[dict]) -> str:
             "| p50 / p95 (warm), ms | server evaluation p50, ms | throughput, requests/s "
             "| session setup p50 / max, s | peak server RSS, MB | key-holding replicas' peak RSS, MB "
             "| 503 answers (retried) | recovery after the kill, s | attacker's answers (status: count) "
-            "| alive at the end |")
+            "| slow uploads' answers (status: count) | alive at the end |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         setup = "-" if r["session_setup_p50_s"] is None else (f"{r['session_setup_p50_s']:.1f} / "
@@ -381,7 +406,7 @@ def markdown(rows: list[dict]) -> str:
                      f"{r['errors']} | {_ms(r['first_p50_s'])} | {_ms(r['p50_s'])} / {_ms(r['p95_s'])} | "
                      f"{_ms(r['server_p50_s'])} | {tput} | {setup} | {rss} | {_replicas(r)} | "
                      f"{r.get('answers_503', '-')} | {_seconds(r.get('recovery_s'))} | {_codes(r.get('attacker_codes'))} | "
-                     f"{'yes' if r.get('server_alive') else 'NO'} |")
+                     f"{_codes(r.get('slow_upload_answers'))} | {'yes' if r.get('server_alive') else 'NO'} |")
     return "\n".join(lines)
 
 
@@ -437,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="run this tree's server once per isolation mode (default: its default only)")
     p.add_argument("--attacker", action="store_true",
                    help="one more client loops crafted requests while the honest ones run (serve_attacks.py)")
+    p.add_argument("--slow-uploads", type=int, default=0, metavar="N",
+                   help="also keep N session uploads declaring 4 GiB and N declaring the model's largest context "
+                        "open, each trickling a byte a second from a loopback address of its own")
     p.add_argument("--ray", type=int, nargs="+", default=None, metavar="R",
                    help="also serve with `polyfhe serve --ray --replicas R:R`, once per R (e.g. --ray 1 2)")
     p.add_argument("--ray-cpus", type=int, default=os.cpu_count(), help="CPUs of the local Ray cluster")
@@ -477,8 +505,11 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     if url is None:
                         # every client holds a session; every request may wait: no 503 by design
-                        extra = ["--max-sessions", str(max(16, k) + 2 * args.attacker),
-                                 "--max-queue", str(max(16, 2 * k)), *flags, *args.server_args.split()]
+                        sessions = str(max(16, k) + 2 * args.attacker)
+                        # every honest client shares one address here: this tree's per-client quota is lifted
+                        quota = ["--max-sessions-per-client", sessions] if tree is None else []
+                        extra = ["--max-sessions", sessions, *quota, "--max-queue", str(max(16, 2 * k)), *flags,
+                                 *args.server_args.split()]
                         log = Path(tmp) / f"server-{k}-{len(rows)}.log"
                         proc, url = start_server(programs, log, extra, tree)
                         pid = proc.pid
@@ -490,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
                     killed = name.endswith("one killed") and pid is not None
                     chaos = kill_a_replica(pid, 0.5, k * args.requests) if killed else None
                     result = run_load(url, args.model, k, args.requests, program, args.retries, args.attacker,
-                                      chaos)
+                                      chaos, args.slow_uploads)
                     replicas = [_hwm(p) for p in holder_pids(pid)] if pid is not None else []
                     row = {"server": name, **result, "peak_rss_bytes": peak_rss(url, pid),
                            "replica_peak_rss_bytes": replicas, "answers_503": answers_with(url, "503"),

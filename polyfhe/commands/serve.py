@@ -58,7 +58,7 @@ def add_parser(subparsers: Any) -> None:
                    help=f"live sessions at most (default {d.max_sessions}; past it: 503)")
     p.add_argument("--max-sessions-per-client", type=positive_int, default=None, metavar="N",
                    help="live sessions one client (bearer token, or address without tokens) may hold (default: a "
-                        "quarter of --max-sessions, at least 1; past it: 429)")
+                        "half of --max-sessions, at least 1; past it: 429)")
     p.add_argument("--max-uploads-per-client", type=positive_int, default=d.max_uploads_per_client, metavar="N",
                    help=f"public-context uploads one client runs at once (default {d.max_uploads_per_client}; past "
                         "it: 429)")

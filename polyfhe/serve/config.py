@@ -44,8 +44,8 @@ class ServeConfig:
     auth_token_file: Path | None = None  # bearer tokens, one per line; None: no tokens asked for
     min_upload_bytes_per_s: int = 128 << 10  # an upload slower than this after its grace period: 408; 0: no floor
     upload_grace_s: float = 10.0  # seconds an upload may take before its rate is checked
-    max_uploads_per_client: int = 2  # public-context uploads one client runs at once; past it: 429
-    max_sessions_per_client: int | None = None  # None: a quarter of max_sessions (at least 1); past it: 429
+    max_uploads_per_client: int = 4  # public-context uploads one client runs at once; past it: 429
+    max_sessions_per_client: int | None = None  # None: half of max_sessions (at least 1); past it: 429
 
     def __post_init__(self) -> None:
         for name in ("max_context_bytes", "max_ciphertext_bytes", "max_sessions", "key_budget_bytes",
@@ -71,7 +71,7 @@ class ServeConfig:
         """Live sessions one client may hold."""
         if self.max_sessions_per_client is not None:
             return min(self.max_sessions_per_client, self.max_sessions)
-        return max(1, self.max_sessions // 4)
+        return max(1, self.max_sessions // 2)
 
     def limits(self) -> dict:
         """The limits as shown to clients (``/v1/models`` and the web page)."""

@@ -101,6 +101,19 @@ def _refusal(response: httpx.Response) -> ServeError:
     return ServeError(response.status_code, code, detail, float(retry) if retry and retry.isdigit() else None)
 
 
+def _retryable(response: httpx.Response) -> bool:
+    """A refusal that clears by itself soon: the server busy (503), or this client's own uploads at their limit
+    (429 ``too_many_uploads``; a session quota does not clear by waiting a few seconds)."""
+    if response.status_code == 503:
+        return True
+    if response.status_code != 429:
+        return False
+    try:
+        return response.json().get("error") == "too_many_uploads"
+    except ValueError:
+        return False
+
+
 def read_token(path: str | Path) -> str:
     """The first token of a token file (the format ``polyfhe serve --auth-token-file`` reads)."""
     try:
@@ -152,10 +165,10 @@ class ServeClient:
         attempt = 0
         while True:
             response = self._send(method, path, kwargs, progress)
-            if response.status_code == 503 and attempt < self.retries:
+            if _retryable(response) and attempt < self.retries:
                 attempt += 1
                 wait = min(30.0, float(response.headers.get("Retry-After", "1") or 1))
-                log.info("server busy (503); retrying in %.0f s", wait)
+                log.info("server busy (%d); retrying in %.0f s", response.status_code, wait)
                 time.sleep(wait)
                 continue
             if response.status_code >= 400:

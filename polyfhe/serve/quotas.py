@@ -52,7 +52,7 @@ class UploadGate:
                 self.refused_total += 1
                 raise ApiError(429, "too_many_uploads", f"this client already has {running} public-context "
                                f"uploads in progress, the most this server runs at once for one client; wait for "
-                               "them to finish", retry_after=5, extra={"max_uploads_per_client": self.per_client})
+                               "them to finish", retry_after=2, extra={"max_uploads_per_client": self.per_client})
             self._running[client] = running + 1
         try:
             yield

@@ -232,7 +232,8 @@ def _front_app(config: ServeConfig, options: RayOptions, holder: Any) -> Any:
 _ARG_TYPES = {"programs": str, "key_store": str, "replicas": str, "threads_per_replica": int,
               "requests_per_replica": int, "max_context_mb": float, "max_ciphertext_mb": float,
               "key_budget_mb": float, "session_ttl": float, "max_sessions": int, "request_timeout": float,
-              "auth_token_file": str, "plaintext_cache_mb": float}
+              "auth_token_file": str, "plaintext_cache_mb": float, "max_sessions_per_client": int,
+              "max_uploads_per_client": int, "min_upload_rate_kb": float, "upload_grace": float}
 
 
 def application(args: dict) -> Any:
@@ -251,7 +252,12 @@ def application(args: dict) -> Any:
               "key_budget_bytes": "key_budget_mb"}
     config = ServeConfig(Path(a["programs"]), **{k: int(a[v] * mib) for k, v in limits.items() if v in a},
                          **{k: a[v] for k, v in (("session_ttl_s", "session_ttl"), ("max_sessions", "max_sessions"),
-                                                 ("request_timeout_s", "request_timeout")) if v in a},
+                                                 ("request_timeout_s", "request_timeout"),
+                                                 ("max_sessions_per_client", "max_sessions_per_client"),
+                                                 ("max_uploads_per_client", "max_uploads_per_client"),
+                                                 ("upload_grace_s", "upload_grace")) if v in a},
+                         **({"min_upload_bytes_per_s": int(a["min_upload_rate_kb"] * 1024)}
+                            if "min_upload_rate_kb" in a else {}),
                          auth_token_file=Path(a["auth_token_file"]) if "auth_token_file" in a else None)
     cache = int(a["plaintext_cache_mb"] * mib) if "plaintext_cache_mb" in a else None
     options = RayOptions(int(low), int(high or low), key_store=a["key_store"],

@@ -180,7 +180,7 @@ def test_a_worker_killed_mid_query_costs_only_its_own_sessions(two_workers, prog
 
 
 def test_a_worker_out_of_memory_refuses_the_request_and_stays_up(programs, tmp_path):
-    server = start_server(programs["root"], tmp_path / "server.log", "--worker-memory-mb", "4",
+    server = start_server(programs["root"], tmp_path / "server.log", "--worker-processes", "1", "--worker-memory-mb", "4",
                           "--max-context-mb", "64")
     try:
         pid = _worker_pids(server.url)[0]

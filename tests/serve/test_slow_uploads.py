@@ -9,10 +9,11 @@ upload rate cuts a trickle, and the per-client limits answer 429.
 
 from __future__ import annotations
 
-import socket
+import sys
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,60 +22,12 @@ from serve_testlib import TINY, free_port, start_server
 from polyfhe.program.engines import max_context_bytes
 from polyfhe.serve.http_client import ServeClient, ServeError
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # the load bench's slow-upload client
+from slow_uploads import Trickle
+
 pytestmark = pytest.mark.fhe
 
 GIB4 = 4 << 30
-
-
-class Trickle:
-    """One raw HTTP upload from ``source`` that declares ``declared`` bytes and sends one a second."""
-
-    def __init__(self, host: str, port: int, path: str, declared: int, source: str) -> None:
-        self.sock = socket.create_connection((host, port), timeout=10, source_address=(source, 0))
-        self.sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/octet-stream\r\n"
-                          f"Content-Length: {declared}\r\n\r\n".encode())
-        self.answer = b""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        self.sock.settimeout(1.0)
-        while not self._stop.is_set():
-            try:
-                self.sock.sendall(b"P")
-            except OSError:
-                pass
-            try:
-                data = self.sock.recv(65536)
-                if not data:
-                    return
-                self.answer += data
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-
-    def _complete(self) -> bool:
-        head, sep, body = self.answer.partition(b"\r\n\r\n")
-        if not sep:
-            return False
-        length = [line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
-        return not length or len(body) >= int(length[0])
-
-    def status(self, wait_s: float = 0.0) -> int | None:
-        """The HTTP status the server answered (its body read in full), or None while it has not."""
-        end = time.monotonic() + wait_s
-        while not self._complete() and time.monotonic() < end and self._thread.is_alive():
-            time.sleep(0.1)
-        if not self.answer.startswith(b"HTTP/1.1 "):
-            return None
-        return int(self.answer[9:12])
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.sock.close()
 
 
 @contextmanager
