@@ -506,8 +506,9 @@ def main(argv: list[str] | None = None) -> int:
                     if url is None:
                         # every client holds a session; every request may wait: no 503 by design
                         sessions = str(max(16, k) + 2 * args.attacker)
-                        # every honest client shares one address here: this tree's per-client quota is lifted
-                        quota = ["--max-sessions-per-client", sessions] if tree is None else []
+                        # every client shares one address here: this tree's per-client limits are lifted
+                        quota = ["--max-sessions-per-client", sessions, "--max-uploads-per-client", sessions] \
+                            if tree is None else []
                         extra = ["--max-sessions", sessions, *quota, "--max-queue", str(max(16, 2 * k)), *flags,
                                  *args.server_args.split()]
                         log = Path(tmp) / f"server-{k}-{len(rows)}.log"
