@@ -7,12 +7,15 @@ fake-quant (:mod:`polyfhe.exporters.concrete.qat`) and compiled again; the manif
 what each step measured. Concrete ML's refusals come back as :class:`ConcreteExportError` naming the knob to turn.
 
 Defaults (``n_bits="auto"``, ``rounding_threshold_bits="auto"``): a small grid (:data:`AUTO_N_BITS` x
-:data:`AUTO_ROUNDING`: accumulators rounded to 6 bits, the value Concrete ML's authors recommend, or 5) is compiled and scored against the float model: on ``eval_data``'s labels when given,
-else as the agreement of the top-1 class with the float model's on the calibration inputs. Among the settings
-within :data:`AUTO_TOLERANCE` of the best score, the one with the smallest predicted evaluation keys wins. Each
-candidate's predicted keys (read from the compiled circuit, before any key is made, :mod:`polyfhe.engines.concrete.keys`)
-must fit ``max_keys_bytes`` and the memory free; candidates that do not are stepped over, and settings given
-explicitly that do not are refused, in seconds, with the predicted size.
+:data:`AUTO_ROUNDING`: accumulators rounded to 6 bits, the value Concrete ML's authors recommend, or 5) is compiled
+and scored against the float model: on ``eval_data``'s labels when given, else as the agreement of the top-1 class
+with the float model's on the calibration inputs (the manifest's ``info["auto"]["scored_on"]``, the log and the
+accuracy summary say which). Among the settings within :data:`AUTO_TOLERANCE` of the best score, the one with the
+smallest predicted evaluation keys wins. Each candidate's predicted keys (read from the compiled circuit, before any
+key is made, :mod:`polyfhe.engines.concrete.keys`) must fit ``max_keys_bytes`` and the key-generation memory budget
+``max_keygen_memory_bytes`` (a fixed default, never the memory free now, so the choice is a function of the program
+and the arguments alone); candidates that do not are stepped over, and settings given explicitly that do not are
+refused, in seconds, with the predicted size.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 
 from polyfhe.engines.concrete.env import ConcreteEnv, find_env
 from polyfhe.engines.concrete.keys import (
+    DEFAULT_KEYGEN_MEMORY_BYTES,
     DEFAULT_MAX_KEYS_BYTES,
     ConcreteKeysTooLarge,
     check_keys_fit,
@@ -132,7 +136,7 @@ def _settings_text(settings: dict) -> str:
 
 def _compile(worker: Worker, proto: Any, calib: np.ndarray, settings: dict, out: Path | None,
              eval_x: np.ndarray | None, *, max_keys_bytes: int | None = DEFAULT_MAX_KEYS_BYTES,
-             check: bool = True) -> dict:
+             memory_budget: int | None = DEFAULT_KEYGEN_MEMORY_BYTES, check: bool = True) -> dict:
     """Compile one setting in the worker; ``out`` None: only compile and score (a grid candidate, nothing saved).
     The reply's ``keys`` is Concrete's key-size prediction; with ``check``, keys that would not fit are refused
     here, before any key is made. ``calibration_logits``: the quantised model on ``calib``; with ``eval_x``,
@@ -164,10 +168,27 @@ def _compile(worker: Worker, proto: Any, calib: np.ndarray, settings: dict, out:
         reply["quantized_logits"] = logits[len(calib):]
     if check:
         try:
-            check_keys_fit(reply.get("keys"), max_keys_bytes, settings=_settings_text(settings))
+            _fits(reply.get("keys"), max_keys_bytes, memory_budget, settings)
         except ConcreteKeysTooLarge as exc:
             raise ConcreteExportError(f"Concrete ML compiled the model, but {exc}") from None
     return reply
+
+
+def _fits(keys: dict | None, max_keys_bytes: int | None, memory_budget: int | None, settings: dict) -> None:
+    """The key checks export makes: the server's limit and the fixed key-generation budget (never the memory free
+    now: export's outcome must not depend on the machine's state; ``program.client()`` checks that)."""
+    check_keys_fit(keys, max_keys_bytes, free_bytes=None, settings=_settings_text(settings),
+                   memory_budget_bytes=memory_budget)
+
+
+def _scored_on(calib: np.ndarray, eval_y: np.ndarray | None) -> dict:
+    """What the automatic settings are scored on, for the manifest and the log."""
+    if eval_y is not None:
+        return {"data": "eval_data", "samples": len(eval_y),
+                "score": f"accuracy on eval_data's labels ({len(eval_y)} samples)"}
+    return {"data": "calibration", "samples": len(calib),
+            "score": (f"top-1 agreement with the float model on the {len(calib)} calibration inputs (no eval_data "
+                      "given: the settings were chosen on the inputs they were calibrated on)")}
 
 
 def _candidates(n_bits: Any, rounding: Any, p_error: float | None) -> list[dict]:
@@ -178,12 +199,15 @@ def _candidates(n_bits: Any, rounding: Any, p_error: float | None) -> list[dict]
 
 
 def _search(worker: Worker, proto: Any, calib: np.ndarray, grid: list[dict], eval_x: np.ndarray | None,
-            eval_y: np.ndarray | None, max_keys_bytes: int | None) -> tuple[dict, dict]:
+            eval_y: np.ndarray | None, max_keys_bytes: int | None,
+            memory_budget: int | None = DEFAULT_KEYGEN_MEMORY_BYTES) -> tuple[dict, dict]:
     """Compile every candidate (seconds each for small models), score it against the float model and read its
-    predicted keys; keep those whose keys fit, then, among those within AUTO_TOLERANCE of the best score, the one
-    with the smallest keys. Returns (settings, what the search saw, for the manifest)."""
+    predicted keys; keep those whose keys fit ``max_keys_bytes`` and ``memory_budget``, then, among those within
+    AUTO_TOLERANCE of the best score, the one with the smallest keys (ties: the better score, then the grid's
+    order). A function of its arguments only. Returns (settings, what the search saw, for the manifest)."""
     float_calib = _float_logits(proto, calib).reshape(len(calib), -1).argmax(1)
-    on = "eval_data accuracy" if eval_y is not None else "top-1 agreement with the float model on the calibration inputs"
+    scored_on = _scored_on(calib, eval_y)
+    log.info("auto settings: scoring %d candidates by %s", len(grid), scored_on["score"])
     rows = []
     for settings in grid:
         try:
@@ -198,7 +222,7 @@ def _search(worker: Worker, proto: Any, calib: np.ndarray, grid: list[dict], eva
                "evaluation_keys_bytes": (reply.get("keys") or {}).get("evaluation_keys_bytes"),
                "complexity": (reply.get("keys") or {}).get("complexity")}
         try:
-            check_keys_fit(reply.get("keys"), max_keys_bytes, settings=_settings_text(settings))
+            _fits(reply.get("keys"), max_keys_bytes, memory_budget, settings)
             row["fits"] = True
         except ConcreteKeysTooLarge as exc:
             row["fits"], row["refused"] = False, str(exc)
@@ -216,9 +240,11 @@ def _search(worker: Worker, proto: Any, calib: np.ndarray, grid: list[dict], eva
     good = [r for r in fitting if r["score"] >= best - AUTO_TOLERANCE]
     chosen = min(good, key=lambda r: (r["evaluation_keys_bytes"] or 0, -r["score"]))
     settings = {k: chosen[k] for k in ("n_bits", "rounding_threshold_bits", "p_error")}
-    log.info("auto settings: chose %s (score %.3f, best %.3f, %s)", _settings_text(settings), chosen["score"], best,
-             on)
-    return settings, {"scored_on": on, "tolerance": AUTO_TOLERANCE, "chosen": settings, "candidates": rows}
+    log.info("auto settings: chose %s (score %.3f, best %.3f; scored by %s)", _settings_text(settings),
+             chosen["score"], best, scored_on["score"])
+    return settings, {"scored_on": scored_on["data"], "score": scored_on["score"], "samples": scored_on["samples"],
+                      "tolerance": AUTO_TOLERANCE, "max_keys_bytes": max_keys_bytes,
+                      "max_keygen_memory_bytes": memory_budget, "chosen": settings, "candidates": rows}
 
 
 def _agreement(proto: Any, x: np.ndarray, quantized_logits: np.ndarray) -> float:
@@ -240,6 +266,11 @@ def _accuracy_cost(info: dict) -> dict:
         cost["summary"] = (f"the quantised model picks the float model's class on "
                            f"{100 * (info.get('calibration_agreement') or 0):.1f}% of the calibration inputs (no "
                            "labels given: pass eval_data for accuracy)")
+    auto = info.get("auto")
+    if auto:  # which data chose the settings: the calibration inputs are a weaker judge than held-out labels
+        cost["settings_scored_on"] = auto.get("scored_on")
+        cost["summary"] += ("; settings chosen on eval_data" if auto.get("scored_on") == "eval_data" else
+                            "; settings chosen on the calibration inputs")
     return cost
 
 
@@ -263,7 +294,8 @@ def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict | str = 
                     train_data: tuple[Any, Any] | None = None, eval_data: tuple[Any, Any] | None = None,
                     qat_epochs: int = 3, qat_tolerance: float = 0.01, env: ConcreteEnv | str | Path | None = None,
                     out: str | Path | None = None,
-                    max_keys_bytes: int | None = DEFAULT_MAX_KEYS_BYTES) -> ConcreteProgram:
+                    max_keys_bytes: int | None = DEFAULT_MAX_KEYS_BYTES,
+                    max_keygen_memory_bytes: int | None = DEFAULT_KEYGEN_MEMORY_BYTES) -> ConcreteProgram:
     """Compile ``model`` (module, ONNX path/bytes/ModelProto) for Concrete ML; see the module docstring.
 
     ``n_bits`` / ``rounding_threshold_bits``: Concrete ML's knobs; ``"auto"`` (the default) searches
@@ -271,7 +303,9 @@ def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict | str = 
     ``eval_data`` (x, y): accuracy of the float, quantised (clear) and simulated-FHE model, in the manifest.
     ``out``: where the program's files go (default: a temporary folder that lives as long as the program).
     ``max_keys_bytes``: the largest serialised evaluation keys accepted (the server's default context limit; None:
-    no limit); keys that would also not fit the memory free are refused too."""
+    no limit). ``max_keygen_memory_bytes``: the memory key generation may take on the client's machine (a fixed
+    default, not the memory free now, so the same call makes the same choice on any machine; None: no limit);
+    settings past either are stepped over (automatic) or refused (explicit)."""
     import onnx
 
     from polyfhe.analysis import analyze
@@ -304,8 +338,10 @@ def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict | str = 
         info: dict[str, Any] = {"model_name": name, "polynomial": report.polynomial, "degree": report.degree,
                                 "mult_depth": report.mult_depth}
         if len(grid) > 1:
-            settings, info["auto"] = _search(worker, proto, calib, grid, eval_x, eval_y, max_keys_bytes)
-        reply = _compile(worker, proto, calib, settings, folder, eval_x, max_keys_bytes=max_keys_bytes)
+            settings, info["auto"] = _search(worker, proto, calib, grid, eval_x, eval_y, max_keys_bytes,
+                                             max_keygen_memory_bytes)
+        limits = {"max_keys_bytes": max_keys_bytes, "memory_budget": max_keygen_memory_bytes}
+        reply = _compile(worker, proto, calib, settings, folder, eval_x, **limits)
         info["keys"] = reply.get("keys")
         info["calibration_agreement"] = _agreement(proto, calib, reply["calibration_logits"])
         used = "post-training"
@@ -316,7 +352,7 @@ def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict | str = 
             tuned_proto, _ = to_concrete_onnx(tuned, shape, check_x=calib[:16])
             ptq_accuracy = info.get("accuracy")
             info["post_training"] = {"accuracy": ptq_accuracy, "max_bit_width": reply["max_bit_width"]}
-            reply = _compile(worker, tuned_proto, calib, settings, folder, eval_x, max_keys_bytes=max_keys_bytes)
+            reply = _compile(worker, tuned_proto, calib, settings, folder, eval_x, **limits)
             info["qat"] = qat_info
             tuned_accuracy = None if eval_x is None else _accuracies(tuned, tuned_proto, reply, eval_x, eval_y)
             if quantization == "auto" and tuned_accuracy["quantized"] <= ptq_accuracy["quantized"]:
@@ -324,7 +360,7 @@ def export_concrete(model: Any, calibration: Any, *, n_bits: int | dict | str = 
                 log.warning("quantization-aware fine-tuning reached %.3f, post-training %.3f: keeping the latter",
                             tuned_accuracy["quantized"], ptq_accuracy["quantized"])
                 info["qat"]["kept"], info["qat"]["accuracy"] = False, tuned_accuracy
-                reply = _compile(worker, proto, calib, settings, folder, eval_x, max_keys_bytes=max_keys_bytes)
+                reply = _compile(worker, proto, calib, settings, folder, eval_x, **limits)
                 used = "post-training (quantization-aware fine-tuning tried, not kept)"
             else:
                 proto, used = tuned_proto, f"quantization-aware (polyfhe fake-quant, {qat_epochs} epochs)"

@@ -19,7 +19,8 @@ def export_concrete_program(console: Any, model: Any, name: str, shape: tuple[in
     if calibration is None:
         raise ExportInputError("target concrete quantises on calibration data: pass --calibration (a dataset name "
                                "or an .npy/.npz of inputs)")
-    # a knob left unset: polyfhe's automatic choice (a small grid scored on the calibration inputs), as in the API
+    # a knob left unset: polyfhe's automatic choice (a small grid scored on the evaluation data when given, else
+    # on the calibration inputs; the manifest says which), as in the API
     rounding = "auto" if args.rounding_threshold_bits is None else args.rounding_threshold_bits
     n_bits = "auto" if args.n_bits is None else args.n_bits
     program = export_concrete(model, calibration, n_bits=n_bits, rounding_threshold_bits=rounding,

@@ -79,9 +79,12 @@ def list_backends() -> list[str]:
 
 def decoded_context_bytes(program, upload: int) -> int:
     """Bytes a valid public context of ``upload`` bytes for ``program`` holds once its engine decodes it: what a
-    server's key budget counts (SEAL's keys travel compressed; the decoder refuses any that inflate further)."""
+    server's key budget counts (SEAL's keys travel compressed; the decoder refuses any that inflate further). A
+    program of another format says what a session costs where it can (Concrete: the keys, expanded, in a worker
+    process of their own: ``session_memory_bytes``); never less than the upload."""
     if program.scheme != "ckks":
-        return upload  # Concrete ML's evaluation keys travel as they sit in memory
+        cost = getattr(program, "session_memory_bytes", None)
+        return upload if cost is None else max(upload, int(cost(upload)))
     measure = get_backend(program.manifest.backend).decoded_context_bytes
     return upload if measure is None else measure(program, upload)
 

@@ -4,8 +4,9 @@ Concrete's compiled circuit knows its key set before any key exists: the worker 
 (``worker_main.predict_keys``) and the manifest keeps the prediction (``info["keys"]``). Export refuses, or steps its
 automatic settings down, when the serialised evaluation keys would pass the server's context limit
 (:data:`DEFAULT_MAX_KEYS_BYTES`, the same 4 GiB as ``polyfhe serve --max-context-mb``) or when making them would
-need more memory than the machine has free; ``program.client()`` checks again before it makes keys, so a program
-compiled elsewhere is refused in seconds too.
+need more memory than a fixed key-generation budget (:data:`DEFAULT_KEYGEN_MEMORY_BYTES`: export's choice never
+depends on what the export machine has free at that moment); ``program.client()`` checks again, against the memory
+free, before it makes keys, so a program compiled elsewhere is refused in seconds too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from polyfhe.procinfo import available_memory
 
-__all__ = ["DEFAULT_MAX_KEYS_BYTES", "ConcreteKeysTooLarge", "available_memory", "check_keys_fit", "describe",
+__all__ = ["DEFAULT_KEYGEN_MEMORY_BYTES", "DEFAULT_MAX_KEYS_BYTES", "ConcreteKeysTooLarge", "available_memory", "check_keys_fit", "describe",
            "keygen_memory_bytes", "progress"]
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 # the server's default limit on a public context (polyfhe.engines.seal.server.DEFAULT_MAX_CONTEXT_BYTES; serve's
 # --max-context-mb): keys past it would be refused after they were made
 DEFAULT_MAX_KEYS_BYTES = 4 << 30
+# export's fixed budget for key generation (export_concrete's max_keygen_memory_bytes): the memory a client machine is
+# assumed to have, fixed so that the automatic settings are a function of the program and the arguments, never of
+# what the export machine has free at that moment (program.client() checks the memory free before it makes keys)
+DEFAULT_KEYGEN_MEMORY_BYTES = 16 << 30
 # what a client worker holds besides its keys (interpreter, torch, Concrete's runtime), measured about 1 GB
 WORKER_BASE_BYTES = 1 << 30
 
@@ -48,9 +53,12 @@ def keygen_memory_bytes(keys: dict) -> int:
 
 
 def check_keys_fit(keys: dict | None, max_keys_bytes: int | None = DEFAULT_MAX_KEYS_BYTES,
-                   free_bytes: int | None = -1, settings: str = "") -> None:
-    """Raise :class:`ConcreteKeysTooLarge` when the predicted keys pass ``max_keys_bytes`` or the memory free
-    (``free_bytes``; -1: read it now, None: do not check). ``keys``: the prediction (None: nothing to check)."""
+                   free_bytes: int | None = -1, settings: str = "", *,
+                   memory_budget_bytes: int | None = None) -> None:
+    """Raise :class:`ConcreteKeysTooLarge` when the predicted keys pass ``max_keys_bytes`` or the memory making
+    them takes passes what there is. ``keys``: the prediction (None: nothing to check). The memory is
+    ``memory_budget_bytes`` when given (a fixed budget: export's choice must not depend on the machine's state at
+    that moment), else ``free_bytes`` (-1: what this machine has free now, None: do not check)."""
     if not keys or "evaluation_keys_bytes" not in keys:
         return
     size = int(keys["evaluation_keys_bytes"])
@@ -63,8 +71,16 @@ def check_keys_fit(keys: dict | None, max_keys_bytes: int | None = DEFAULT_MAX_K
             f"is made), over the server's limit of {_gb(max_keys_bytes)}: {knobs}; or raise the limit on both "
             f"sides (export/client max_keys_bytes=..., `polyfhe serve --max-context-mb "
             f"{-(-size // 2**20) + 1}`)")
-    free = available_memory() if free_bytes == -1 else free_bytes
     need = keygen_memory_bytes(keys)
+    if memory_budget_bytes is not None:
+        if need > memory_budget_bytes:
+            raise ConcreteKeysTooLarge(
+                f"making the keys{where} would take about {_gb(need)} of memory (expanded keys "
+                f"{_gb(need - size - WORKER_BASE_BYTES)}, serialised {_gb(size)}, predicted before any key is "
+                f"made), over the key-generation memory budget of {_gb(memory_budget_bytes)}: {knobs}, or raise "
+                f"the budget (export max_keygen_memory_bytes=...) for a client machine with more memory")
+        return
+    free = available_memory() if free_bytes == -1 else free_bytes
     if free is not None and need > free:
         raise ConcreteKeysTooLarge(
             f"making the keys{where} would take about {_gb(need)} of memory (expanded keys "

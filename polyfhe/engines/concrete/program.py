@@ -3,8 +3,11 @@
 A program folder holds ``manifest.json``, Concrete ML's ``client.zip`` and ``server.zip`` and the folded
 ``model.onnx`` it was compiled from; the program id hashes the manifest and the three files, so a changed or
 truncated folder is refused. ``client()`` makes keys in a worker process and hands out only evaluation keys;
-``server(public_keys)`` evaluates in another. Bytes at the boundary use polyfhe's containers
-(:mod:`polyfhe.program.wire`), bounded and checked for program and scheme before Concrete ML parses a byte.
+``server(public_keys)`` evaluates in another, one worker per server, so a key set that kills its worker costs that
+session alone. Bytes at the boundary use polyfhe's containers (:mod:`polyfhe.program.wire`), bounded and checked
+for program and scheme, and evaluation keys walked against the program's key set (:mod:`.keyset`), before
+Concrete ML parses a byte. A program says what a server session costs (:meth:`ConcreteProgram.max_context_bytes`,
+:meth:`ConcreteProgram.session_memory_bytes`), so a server's limits and key budget count it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from polyfhe.engines.concrete import keyset
 from polyfhe.engines.concrete.keys import check_keys_fit, describe, progress
 from polyfhe.engines.concrete.worker import (
     ConcreteCallError,
@@ -29,7 +33,7 @@ from polyfhe.engines.concrete.worker import (
     array_blob,
     blob_array,
 )
-from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
+from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, MAGIC, WireError, pack, unpack
 
 __all__ = ["FORMAT", "ConcreteClient", "ConcreteManifest", "ConcreteProgram", "ConcreteServer",
            "is_concrete_program", "load_concrete_program"]
@@ -126,6 +130,7 @@ class ConcreteProgram:
         # ("calibration") and, with eval_data, on those ("quantized") and of Concrete's FHE simulation ("simulated");
         # kept in memory only, for checks and benchmarks
         self.evaluation: dict[str, np.ndarray] = {}
+        self._keyset: tuple[keyset.KeySpec, ...] | None = None
 
     @classmethod
     def create(cls, directory: Path, input_shape: tuple[int, ...], output_size: int, settings: dict,
@@ -155,6 +160,27 @@ class ConcreteProgram:
         (out / "manifest.json").write_text(json.dumps(self.manifest.to_dict(), indent=1))
         log.info("saved Concrete program %s to %s", self.program_id, out)
         return out
+
+    def keyset(self) -> tuple[keyset.KeySpec, ...]:
+        """The evaluation keys this program's client specs (``client.zip``) describe, read once."""
+        if self._keyset is None:
+            try:
+                self._keyset = keyset.keyset_from_client_zip(self.directory / "client.zip")
+            except keyset.KeysetSpecError as exc:
+                raise ConcreteProgramError(f"program {self.program_id}: {exc}") from exc
+        return self._keyset
+
+    def max_context_bytes(self) -> int:
+        """The most bytes a valid public context for this program can have as uploaded: the container, its header
+        as :class:`ConcreteClient` writes it, and the largest key set the client specs allow."""
+        keys = keyset.max_message_bytes(self.keyset())
+        header = {**self.manifest.identity(), "sections": [["evaluation_keys", keys]]}
+        return len(MAGIC) + 1 + 4 + len(json.dumps(header, sort_keys=True).encode()) + keys
+
+    def session_memory_bytes(self, upload: int) -> int:
+        """What a server session for a public context of ``upload`` bytes holds at its peak: the server's copy of
+        the keys (to restart its worker) and the worker itself, measured (docs/concrete.md)."""
+        return int(upload) + keyset.session_memory_bytes(self.keyset(), int(upload))
 
     def client(self, **kwargs: Any) -> ConcreteClient:
         return ConcreteClient(self, **kwargs)
@@ -270,7 +296,9 @@ class RunStats:
 
 class ConcreteServer:
     """Evaluator for one client's evaluation keys, in a worker process of its own. Bad bytes get
-    :class:`~polyfhe.program.wire.WireError`; a worker that dies on them is restarted, the caller carries on."""
+    :class:`~polyfhe.program.wire.WireError`: keys that are not exactly a key set for the program's client specs
+    before any worker starts; a worker that dies on keys or a ciphertext costs this server alone (the caller
+    carries on: keys refused, or the worker restarted for the next query)."""
 
     def __init__(self, program: ConcreteProgram, public_context: bytes, *,
                  max_context_bytes: int = DEFAULT_MAX_KEYS_BYTES,
@@ -282,10 +310,15 @@ class ConcreteServer:
         _check_identity(box.header, program.manifest, "public context")
         if list(box.sections) != ["evaluation_keys"]:
             raise WireError(f"a Concrete public context holds only evaluation_keys, not {sorted(box.sections)}")
+        keyset.check_evaluation_keys(box.sections["evaluation_keys"], program.keyset())
         self._keys = bytes(box.sections["evaluation_keys"])
         self.context_bytes = len(public_context)
         self._worker = Worker("server", threads=threads)
-        self._open()
+        try:
+            self._open()
+        except BaseException:
+            self._worker.close()
+            raise
         self.last_run = RunStats()
 
     def _open(self) -> None:
@@ -296,6 +329,12 @@ class ConcreteServer:
             if exc.bad_input:
                 raise WireError(f"the evaluation keys were refused: {exc.message}") from None
             raise
+        except ConcreteWorkerDied as exc:  # this session's worker only: the keys are refused, nothing else ends
+            if exc.out_of_memory:
+                raise MemoryError(str(exc)) from None
+            log.warning("Concrete server worker ended while it loaded evaluation keys: %s", exc)
+            raise WireError("Concrete ML's worker ended while it loaded the evaluation keys: they are refused (this "
+                            "session's worker only; the server's other sessions carry on)") from None
 
     def run(self, data: bytes) -> bytes:
         """Evaluate on one encrypted sample (bytes in, bytes out)."""

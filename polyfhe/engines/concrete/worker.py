@@ -10,9 +10,10 @@ Memory is bounded twice. Every worker runs under a fixed address-space limit (``
 :data:`DEFAULT_ADDRESS_SPACE_BYTES`, ``Worker(address_space_bytes=...)``): the worker sets it on itself before it
 imports anything (``worker_main.py --address-space``; a ``preexec_fn`` would do the same in the forked child but is
 unsafe in a threaded parent such as the HTTP server), so a parse that tries to allocate past it fails inside the
-worker with a ``MemoryError`` or an abort, never on the machine. ``polyfhe serve``'s key budget counts a Concrete
-session's evaluation keys; this limit bounds what the session's worker may take beyond them (it is virtual address
-space, tens of GB above what a worker holds, so it is not added to the budget itself). And every byte string a worker will parse is size-checked here before it is sent
+worker with a ``MemoryError`` or an abort, never on the machine. ``polyfhe serve``'s key budget counts what a
+Concrete session holds, its worker included (``ConcreteProgram.session_memory_bytes``, measured); this limit is
+virtual address space, tens of GB above that, so it is not what the budget counts. And every byte string a worker
+will parse is size-checked here before it is sent
 (:func:`check_blob_sizes`, limits per command in :data:`PARSE_LIMITS`): an oversized upload is refused with
 :class:`ConcreteInputTooLarge`, naming the limit and the size sent, and never reaches the worker.
 """
@@ -72,7 +73,11 @@ class ConcreteCallError(RuntimeError):
 
 
 class ConcreteWorkerDied(RuntimeError):
-    """The worker process ended while it served a call."""
+    """The worker process ended while it served a call; ``out_of_memory``: the memory watchdog stopped it."""
+
+    def __init__(self, message: str, out_of_memory: bool = False) -> None:
+        super().__init__(message)
+        self.out_of_memory = out_of_memory
 
 
 class ConcreteInputTooLarge(ValueError):
@@ -222,7 +227,7 @@ class Worker:
                         f"the Concrete ML {self.role} worker was stopped during {command!r}: it passed "
                         f"{watchdog.peak / 1e9:.1f} GB, more than the {watchdog.limit / 1e9:.1f} GB this machine had "
                         "free; a smaller model, fewer bits (n_bits, rounding_threshold_bits) or a machine with more "
-                        "memory is needed") from exc
+                        "memory is needed", out_of_memory=True) from exc
                 raise ConcreteWorkerDied(f"the Concrete ML {self.role} worker ended during {command!r} "
                                          f"(exit code {code}); its last words: {self.stderr_tail()[-800:]}") from exc
             finally:

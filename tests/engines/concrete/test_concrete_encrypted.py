@@ -156,7 +156,7 @@ def test_demo_server_serves_concrete_beside_ckks(program, pair, tmp_path, capsys
     root = tmp_path / "programs"
     program.save(root / "tfhe-mlp")
     export_square_mlp(8, 10).save(root / "ckks-mlp")
-    server = start_server(root, tmp_path / "server.log", "--max-context-mb", "2000")
+    server = start_server(root, tmp_path / "server.log", "--max-context-mb", "2000", "--key-budget-mb", "8000")
     try:
         models = {m["name"]: m for m in httpx.get(f"{server.url}/v1/models").json()["models"]}
         assert models["tfhe-mlp"]["scheme"] == "tfhe" and models["ckks-mlp"]["scheme"] == "ckks"
