@@ -186,7 +186,7 @@ class ServeClient:
                 return self._http.request(method, path, **_streamed(kwargs, progress))
         except httpx.ConnectError as exc:
             raise ServeError(0, "unreachable", f"{method} {self.url}{path} failed: {exc}; is the server running "
-                             f"and listening at {self.url}? (start one with `polyfhe serve PROGRAMS_DIR`, or name "
+                             f"and listening at {self.url}? (start one with `polyfhe serve --programs DIR`, or name "
                              "another with --server URL)") from exc
         except httpx.TimeoutException as exc:
             raise ServeError(0, "unreachable", f"{method} {self.url}{path} timed out: {exc}; the server may be "
