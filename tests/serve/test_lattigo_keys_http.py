@@ -32,19 +32,9 @@ OCTETS = {"Content-Type": "application/octet-stream"}
 
 
 def _bootstrapping_program():
-    """64 -> 16 -> x^2 -> 16 -> x^2 -> 10 on N=4096 with three levels: it bootstraps (a few seconds of keys)."""
-    import torch
-    from ckks_testlib import Square, digits
-    from torch import nn
+    from ckks_testlib import export_bootstrapping_mlp
 
-    from polyfhe.exporters.ckks import export_ckks
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), Square(), nn.Linear(16, 16), Square(), nn.Linear(16, 10))
-    prog = export_ckks(model.eval(), calibration=digits()[0][:32], input_shape=(1, 8, 8), backend="lattigo",
-                       params=SMALL_RING, allow_insecure=True)
-    assert prog.manifest.bootstrap_spec
-    return prog
+    return export_bootstrapping_mlp()
 
 
 def _zero_column_row(prog, context: bytes, row: int = 1) -> bytes:

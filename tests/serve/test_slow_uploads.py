@@ -9,7 +9,7 @@ upload rate cuts a trickle, and the per-client limits answer 429.
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 import threading
 import time
 from contextlib import contextmanager
@@ -22,8 +22,18 @@ from serve_testlib import TINY, free_port, start_server
 from polyfhe.program.engines import max_context_bytes
 from polyfhe.serve.http_client import ServeClient, ServeError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # the load bench's slow-upload client
-from slow_uploads import Trickle
+
+def _bench_trickle():
+    """The load bench's slow-upload client (``bench/slow_uploads.py``: standard library only), loaded by path so
+    that bench/ never joins ``sys.path``."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "slow_uploads.py"
+    spec = importlib.util.spec_from_file_location("bench_slow_uploads_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Trickle
+
+
+Trickle = _bench_trickle()
 
 pytestmark = pytest.mark.fhe
 

@@ -84,6 +84,21 @@ def export_square_mlp(hidden: int, classes: int, calibration_samples: int = 64, 
     return polyfhe.export(model, target="ckks", calibration=calib, input_shape=(1, 8, 8), **kwargs)
 
 
+def export_bootstrapping_mlp(backend: str = "lattigo"):
+    """A 64 -> 16 -> x^2 -> 16 -> x^2 -> 10 MLP on the insecure N=4096 ring with three levels: too deep for it, so
+    it bootstraps (on its own ring, six special primes; seconds of keys): the smallest bootstrapping program."""
+    from polyfhe.exporters.ckks import export_ckks
+    from polyfhe.program.params import CKKSParams
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), Square(), nn.Linear(16, 16), Square(), nn.Linear(16, 10))
+    ring = CKKSParams(4096, (60, 40, 40, 40, 60), 40, security="none")
+    prog = export_ckks(model.eval(), calibration=digits()[0][:32], input_shape=(1, 8, 8), backend=backend,
+                       params=ring, allow_insecure=True)
+    assert prog.manifest.bootstrap_spec
+    return prog
+
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
