@@ -83,7 +83,12 @@ class Model:
         """The most bytes a public context for this model may have: its engine's bound for the program (exact
         sizes of its keys), or the server's limit where the engine gives none or the server's is lower."""
         if self._context_bound is None:
-            bound = max_context_bytes(self.program)
+            try:
+                bound = max_context_bytes(self.program)
+            except Exception as exc:  # noqa: BLE001 - no bound known: the server's limit and the engine's checks
+                log.warning("model %s: no exact public-context bound (%s); its uploads get the server's limit",
+                            self.name, type(exc).__name__)
+                bound = None
             self._context_bound = bound if bound is not None else 0
         return min(server_limit, self._context_bound) if self._context_bound else server_limit
 
