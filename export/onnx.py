@@ -97,12 +97,26 @@ def export_onnx(
     try:
         rel, report = _export_checked(model, partial, shape, opset, fold_first, rtol, require_polynomial,
                                       parity_batch, allow_nonfinite)
+        os.chmod(partial, _public_mode())  # mkstemp made it 0600; an ONNX file holds no secret
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
     log.info("exported %s to %s (opset %d, rel err %.2e, degree %s, levels %s)",
              type(model).__name__, path, opset, rel, report.degree, report.levels)
     return OnnxExport(path, opset, shape, rel, report)
+
+
+def _public_mode() -> int:
+    """The mode a new file gets under this process's umask (0644 under the usual 022), read without changing the
+    umask (``os.umask`` would, for a moment, for every thread); 0644 where the kernel does not say."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o644
 
 
 def _export_checked(model: nn.Module, path: Path, shape: tuple[int, ...], opset: int, fold_first: bool,

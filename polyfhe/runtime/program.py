@@ -144,6 +144,12 @@ def _samples(m: ProgramManifest, x: Any) -> np.ndarray:
                      f"({m.input_size} values) nor a batch (n, ...) of such samples")
 
 
+def _require_file(root: Path, path: Path) -> None:
+    if not path.is_file():
+        raise ProgramError(f"{root} is not a CKKS program directory: {path.name} is missing "
+                           "(create one with `polyfhe export MODEL --target ckks --out DIR`)")
+
+
 def load_program(directory: str | Path) -> CKKSProgram:
     """Load and verify a program saved by :meth:`CKKSProgram.save` (or a Concrete ML program's ``save``: then a
     :class:`~polyfhe.engines.concrete.program.ConcreteProgram`)."""
@@ -156,14 +162,12 @@ def load_program(directory: str | Path) -> CKKSProgram:
     if other is not None:
         return other
     manifest_path, arrays_path = root / "manifest.json", root / "arrays.npz"
-    for p in (manifest_path, arrays_path):
-        if not p.is_file():
-            raise ProgramError(f"{root} is not a CKKS program directory: {p.name} is missing "
-                               "(create one with `polyfhe export MODEL --target ckks --out DIR`)")
-    try:
+    _require_file(root, manifest_path)
+    try:  # the manifest first: a broken one is the problem to name, whatever else is missing
         manifest = ProgramManifest.from_dict(json.loads(manifest_path.read_text()))
     except json.JSONDecodeError as exc:
         raise ProgramError(f"{manifest_path} is not valid JSON: {exc}") from exc
+    _require_file(root, arrays_path)
     try:
         with np.load(arrays_path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}

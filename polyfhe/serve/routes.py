@@ -239,6 +239,11 @@ def _add_public_routes(app: FastAPI, served: Served) -> None:
     async def index() -> HTMLResponse:
         return HTMLResponse(index_html())
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:
+        """No icon (the page declares an empty one): 204, so a browser's own request is not logged as a 404."""
+        return Response(status_code=204)
+
     @app.get("/static/{name:path}", include_in_schema=False)
     async def static(name: str) -> Response:
         """The page's scripts and node-seal's WebAssembly: only files shipped in the package."""

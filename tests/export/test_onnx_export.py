@@ -70,3 +70,19 @@ def test_missing_input_shape_and_unknown_target_are_clear_errors(tmp_path: Path)
         polyfhe.export(nn.Linear(3, 2), target="onnx", path=tmp_path / "l.onnx")
     with pytest.raises(ValueError, match="available: ckks, concrete, onnx"):
         polyfhe.export(nn.Linear(3, 2), target="tflite")
+
+
+def test_an_onnx_file_gets_the_umask_mode_not_a_private_one(tmp_path: Path) -> None:
+    """An ONNX file holds no secret: it is written with the process's umask (0644 under 022), like any file."""
+    import os
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 2)).eval()
+    old = os.umask(0o022)
+    try:
+        path = polyfhe.export(model, target="onnx", path=tmp_path / "m.onnx", input_shape=(1, 2, 2))
+        os.umask(0o027)
+        other = polyfhe.export(model, target="onnx", path=tmp_path / "n.onnx", input_shape=(1, 2, 2))
+    finally:
+        os.umask(old)
+    assert oct(Path(path).stat().st_mode & 0o777) == "0o644"
+    assert oct(Path(other).stat().st_mode & 0o777) == "0o640"

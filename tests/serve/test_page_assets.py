@@ -106,3 +106,9 @@ def test_every_static_file_ships_in_the_package():
 
     names = [f"static/{name}" for name in static_names()]
     assert names and all(shipped(n) for n in names), [n for n in names if not shipped(n)]
+
+
+def test_the_page_asks_for_no_favicon_and_the_server_answers_one_without_a_404(server):
+    page = httpx.get(f"{server.url}/", timeout=10).text
+    assert '<link rel="icon" href="data:,">' in page  # the browser then requests none
+    assert httpx.get(f"{server.url}/favicon.ico", timeout=10).status_code == 204

@@ -153,6 +153,9 @@ def test_program_roundtrip_and_tamper_detection(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ProgramError, match="manifest.json is missing"):
         load_program(tmp_path / "empty")
+    (tmp_path / "empty" / "manifest.json").write_text("{not json")  # broken, and no arrays.npz either
+    with pytest.raises(ProgramError, match="manifest.json is not valid JSON"):
+        load_program(tmp_path / "empty")
 
 
 def test_manifest_refuses_bad_samples_per_ciphertext(tmp_path):
