@@ -74,16 +74,28 @@ def check_samples(manifest: ProgramManifest, x, clip: bool = False) -> np.ndarra
     dtype = arr.dtype
     arr = arr.astype(np.float64)
     per_sample = m.input_size
+    sample = tuple(m.input_shape[1:])
     if arr.size == per_sample:
         arr = arr.reshape(1, per_sample)
-    elif arr.ndim > 1 and arr.shape[0] > 0 and int(np.prod(arr.shape[1:])) == per_sample:
+    elif arr.ndim > 1 and arr.shape[0] > 0 and (tuple(arr.shape[1:]) == sample or arr.shape[1:] == (per_sample,)):
         arr = arr.reshape(-1, per_sample)
     else:
-        raise InputError(f"input of shape {arr.shape} is neither one sample of shape {tuple(m.input_shape)} "
-                         f"({per_sample} values) nor a batch (n, ...) of such samples")
+        raise InputError(_shape_message(arr.shape, sample, per_sample))
     if not np.all(np.isfinite(arr)):
         raise InputError("input contains NaN or infinite values")
     return _check_range(m, arr, dtype, clip)
+
+
+def _shape_message(shape: tuple[int, ...], sample: tuple[int, ...], per_sample: int) -> str:
+    """What was given, what one sample and a batch are, and (only where the trailing axes say so) how to batch."""
+    text = (f"input of shape {tuple(shape)} is not one sample of this program, shape {sample} ({per_sample} "
+            f"values), nor a batch of them, shape (n, {', '.join(map(str, sample))}) or (n, {per_sample})")
+    squeezed = tuple(d for d in sample if d != 1)
+    if len(shape) > 1 and tuple(shape[1:]) == squeezed and squeezed != sample:
+        text += (f"; if these are {shape[0]} samples without their size-1 axes, restore them (x.reshape(-1, "
+                 f"{', '.join(map(str, sample))})); if it is one image with {shape[0]} channels, this program takes "
+                 f"{sample[0]}")
+    return text
 
 
 def _check_range(m: ProgramManifest, arr: np.ndarray, dtype: np.dtype, clip: bool) -> np.ndarray:
@@ -118,10 +130,11 @@ def _caller_level() -> int:
 
 
 def _normalise_hint(arr: np.ndarray, dtype: np.dtype, lo: float, hi: float) -> str:
-    clip = "or pass clip=True (`--clip` on the command line) to clip values to the range"
     if (dtype == np.uint8 or (arr.min() >= 0 and 1.5 < arr.max() <= 255)) and hi <= 1.0 + RANGE_TOLERANCE:
-        return f"These look like 8-bit pixels (0-255): divide them by 255, {clip}."
-    return f"Normalise inputs the way the calibration data was (the same scaling and shift), {clip}."
+        return ("These look like 8-bit pixels (0-255): divide them by 255 first (x / 255), as the calibration data "
+                "was; clipping them to the range instead would turn almost every pixel white.")
+    return ("Normalise inputs the way the calibration data was (the same scaling and shift), or pass clip=True "
+            "(`--clip` on the command line) to clip the few values past the range.")
 
 
 def check_input(manifest: ProgramManifest, x, clip: bool = False) -> np.ndarray:

@@ -37,7 +37,7 @@ def test_uint8_images_are_refused_with_the_range_and_the_fix(program_dir, tmp_pa
     np.save(tmp_path / "u8.npy", (x[:1] * 255).astype(np.uint8))
     assert main(["run", str(prog), "--input", str(tmp_path / "u8.npy")]) == 2
     err = capsys.readouterr().err
-    assert "outside the range" in err and "divide them by 255" in err and "--clip" in err
+    assert "outside the range" in err and "divide them by 255 first" in err and "--clip" not in err  # not clipping
 
 
 @pytest.mark.fhe

@@ -109,3 +109,27 @@ def test_a_program_exported_before_the_noise_record_runs_against_its_parameters_
     assert main(["run", str(legacy), "--input", str(legacy / "x.npy"), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["tolerance_source"] == "parameters" and result["agrees"] and result["queries"] == 1
+
+
+def test_eight_bit_pixels_are_told_to_divide_and_not_offered_clipping(program):
+    m = program.manifest
+    pixels = (np.random.default_rng(2).random((1, 8, 8)) * 255).astype(np.uint8)
+    with pytest.raises(InputError) as refused:
+        check_input(m, pixels)
+    message = str(refused.value)
+    assert "divide them by 255 first" in message and "clip=True" not in message
+
+
+def test_a_sample_of_another_shape_is_not_read_as_a_batch(program):
+    """(3, 8, 8) for a one-channel (1, 8, 8) program is not three samples, nor an invitation to batch them."""
+    m = program.manifest
+    x = np.random.default_rng(3).uniform(*m.input_range, (3, 8, 8))
+    with pytest.raises(InputError) as refused:
+        check_input(m, x)
+    message = str(refused.value)
+    assert "(3, 8, 8)" in message and "(1, 8, 8)" in message and "(n, 1, 8, 8)" in message
+    assert "one image with 3 channels" in message and "encrypt_batch" not in message
+    assert check_input(m, x.reshape(-1, 1, 8, 8)).shape == (3, 64)  # the batch it names is accepted
+    assert check_input(m, x.reshape(3, 64)).shape == (3, 64)
+    with pytest.raises(InputError, match="nor a batch"):
+        check_input(m, np.zeros((2, 2, 8, 8)))

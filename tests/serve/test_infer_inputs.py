@@ -36,7 +36,7 @@ def test_client_infer_refuses_uint8_images_and_clips_on_request(server, programs
     np.save(tmp_path / "u8.npy", (x * 255).astype(np.uint8))
     assert main(["client", "infer", "--server", server.url, "--model", TINY, str(tmp_path / "u8.npy")]) == 2
     err = capsys.readouterr().err
-    assert "outside the range" in err and "divide them by 255" in err and "--clip" in err
+    assert "outside the range" in err and "divide them by 255 first" in err and "--clip" not in err  # not clipping
     wide = x.copy()
     wide[0, 0, 0, 0] = 3.0
     np.save(tmp_path / "wide.npy", wide)
