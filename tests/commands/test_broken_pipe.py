@@ -9,7 +9,7 @@ from polyfhe import cli
 
 
 def test_a_closed_pipe_ends_a_command_quietly(monkeypatch) -> None:
-    import polyfhe.commands.models as models
+    from polyfhe.commands import models
 
     def writes_into_a_closed_pipe(_args):
         raise BrokenPipeError(32, "Broken pipe")
