@@ -85,6 +85,21 @@ class PolynomializeReport:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def __str__(self) -> str:
+        """What ``print(report)`` shows: the run on one line, then one line per module swapped."""
+        def pct(value: float | None) -> str:
+            return "-" if value is None else f"{value:.1%}"
+
+        lines = [f"polynomialize: {len(self.replaced)} module(s) -> degree-{self.degree} polynomials ({self.init} "
+                 f"fit, {self.calibration_samples} samples), {self.epochs} epoch(s) of fine-tuning, "
+                 f"{self.seconds:.1f} s",
+                 f"  accuracy: original {pct(self.accuracy_original)}, fitted {pct(self.accuracy_fitted)}, "
+                 f"fine-tuned {pct(self.accuracy_final)}"]
+        for r in self.replaced:
+            fit = "" if r.fit_rmse is None else f" (fit rmse {r.fit_rmse:.3g})"
+            lines.append(f"  {r.path}: {r.was} -> {r.now}{fit}")
+        return "\n".join(lines)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PolynomializeReport:
         values = dict(data)

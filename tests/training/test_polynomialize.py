@@ -151,3 +151,18 @@ def test_a_data_loader_and_a_dataset_are_accepted():
     for source in (loader, data):
         report = polyfhe.polynomialize(model, data=source, epochs=1).polynomialize_report
         assert report.calibration_samples == 512 and report.epochs == 1 and report.accuracy_final is not None
+
+
+def test_a_report_prints_as_a_few_short_lines() -> None:
+    from polyfhe.training.polynomialize import PolynomializeReport, Replacement
+
+    report = PolynomializeReport(
+        replaced=tuple(Replacement(f"features.{i}.act", "ReLU()", "Polynomial(degree=2)", (0.1, 0.5, 0.3), 1.0, 0.02)
+                       for i in range(6)),
+        degree=2, init="least-squares", calibration_samples=512, epochs=3, epoch_losses=(0.9, 0.5, 0.4),
+        accuracy_original=0.91, accuracy_fitted=0.62, accuracy_final=0.89, seconds=41.5)
+    text = str(report)
+    lines = text.splitlines()
+    assert len(lines) == 2 + 6 and max(map(len, lines)) <= 120, text
+    assert "accuracy: original 91.0%, fitted 62.0%, fine-tuned 89.0%" in text
+    assert "features.3.act: ReLU() -> Polynomial(degree=2) (fit rmse 0.02)" in text
