@@ -188,8 +188,7 @@ class SessionCache:
             del context
             held = HeldSession(session_id, record.model, server, record.key_bytes, self._clock())
         except CorruptSession as exc:
-            log.warning("replica %s: session %s is unreadable in the key store: %s", self.name, session_id[:8], exc)
-            raise lost(str(exc)) from None
+            raise self._unreadable(session_id, exc) from None
         finally:  # the reservation becomes the held session (or is freed); loads of it waiting see which
             with self._lock:
                 self._loading.pop(session_id, None)
@@ -204,13 +203,16 @@ class SessionCache:
                  record.key_bytes, time.perf_counter() - t0)
         return held
 
+    def _unreadable(self, session_id: str, exc: CorruptSession) -> ApiError:
+        log.warning("replica %s: session %s is unreadable in the key store: %s", self.name, session_id[:8], exc)
+        return lost(str(exc))
+
     def _live_record(self, session_id: str):
         """The session's live record and model from the store (404/410 otherwise)."""
         try:
             record = self.store.record(session_id)
         except CorruptSession as exc:
-            log.warning("replica %s: session %s is unreadable in the key store: %s", self.name, session_id[:8], exc)
-            raise lost(str(exc)) from None
+            raise self._unreadable(session_id, exc) from None
         if record is None:
             raise ApiError(404, "unknown_session", "no such session (never created, deleted, or forgotten); "
                            "open one with POST /v1/sessions?model=NAME")
