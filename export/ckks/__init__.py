@@ -1,10 +1,12 @@
 """CKKS exporter: nn.Module or polynomial ONNX -> :class:`~polyfhe.runtime.program.CKKSProgram`.
 
-The compiler is a named list of passes (``pipeline.py``, one module each under ``passes/``) over one compile
-state (``state.py``): fold + ONNX export (modules only) -> analyzer (refuses non-polynomial graphs, naming the
-nodes) -> lowering to a :class:`Circuit` of merged affine maps and products -> calibrated value ranges ->
-parameters (smallest secure ring and largest scale that fit the levels; past every leveled ring, a residual chain
-with bootstraps on engines that have them) -> per-layout plan -> bootstrap placement -> program.
+The compiler is a named list of passes (``pipeline.py``'s ``PASSES``, one module each under ``passes/``) over one
+compile state (``state.py``), in this order: ``onnx`` (fold + ONNX export, modules only) -> ``analyze`` (refuses
+non-polynomial graphs, naming the nodes) -> ``lower`` (a :class:`Circuit` of merged affine maps and products) ->
+``expand_matmuls`` -> ``replicate`` -> ``ranges`` (calibrated value ranges) -> ``spend_levels`` -> ``parameters``
+(smallest secure ring and largest scale that fit the levels; past every leveled ring, a residual chain with
+bootstraps on engines that have them) -> ``plan`` (per-layout plan) -> ``bootstrap`` (placement) -> ``counters``
+-> ``server_memory`` -> ``program``. ``tests/export/ckks/test_exporter_docstring.py`` checks this list against ``PASSES``.
 """
 
 from __future__ import annotations
