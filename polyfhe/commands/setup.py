@@ -14,37 +14,32 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from polyfhe.workers.environments import ENVIRONMENTS, components, provider
+
 __all__ = ["COMPONENTS", "add_parser", "run"]
 
-COMPONENTS = ("concrete",)
+COMPONENTS = components()  # the environments of their own (polyfhe.workers.environments)
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("setup", description=__doc__, help="create an optional isolated environment "
-                              "(concrete: Concrete ML for target='concrete')",
+                              f"({', '.join(f'{e.name}: {e.purpose}' for e in ENVIRONMENTS.values())})",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("component", choices=COMPONENTS, help="what to set up")
-    p.add_argument("--path", type=Path, metavar="DIR", help="where the environment goes (default: the user's "
-                   "cache, or $POLYFHE_CONCRETE_ENV)")
+    p.add_argument("--path", type=Path, metavar="DIR", help="where the environment goes (default: "
+                   f"{'; '.join(e.default_place for e in ENVIRONMENTS.values())})")
     p.add_argument("--force", action="store_true", help="rebuild it even if it is complete")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from polyfhe.engines.concrete.env import (
-        CONCRETE_ML_VERSION,
-        ConcreteEnv,
-        ConcreteEnvMissing,
-        default_env_dir,
-        setup_env,
-    )
-
-    if args.force or not ConcreteEnv(args.path or default_env_dir()).is_complete():
-        print(f"setting up Concrete ML {CONCRETE_ML_VERSION} (a few minutes; about 6.5 GB)", file=sys.stderr)
+    entry = provider(args.component)
+    if args.force or not entry.is_complete(args.path):
+        print(f"setting up {entry.title} ({entry.cost})", file=sys.stderr)
     try:
-        env = setup_env(args.path, force=args.force)
-    except ConcreteEnvMissing as exc:
+        path = entry.setup(args.path, args.force)
+    except entry.failure as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"Concrete ML {CONCRETE_ML_VERSION} is ready in {env.path}")
+    print(f"{entry.title} is ready in {path}")
     return 0

@@ -7,7 +7,8 @@ SIGKILL, the OOM killer), its requests in flight answer 503 ``worker_lost`` (cli
 and a new worker starts in its place; the HTTP server and the other workers' sessions carry on. So a crash costs
 the sessions of one worker: with the default count (:mod:`polyfhe.serve.worker_count`, up to one per core) about
 ``1/n`` of them, with ``--worker-processes 1`` all of them. A worker that answers out of step is killed before
-it is replaced, so no keys stay in a process nobody talks to.
+it is replaced, so no keys stay in a process nobody talks to. A worker whose ready message carries another
+environment stamp than the server's (polyfhe upgraded under a running server) is stopped and not used.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any
 
 from polyfhe.serve.errors import ApiError
 from polyfhe.serve.hosts import SessionHandle
-from polyfhe.serve.worker_main import WorkerSpec, receive_payload, send_payload, worker_main
+from polyfhe.serve.worker_main import WorkerSpec, receive_payload, send_payload, worker_main, worker_stamp
+from polyfhe.workers.stamp import StampMismatch, check_stamp
 
 __all__ = ["ProcessHost", "WorkerLost"]
 
@@ -71,6 +73,11 @@ class _WorkerProcess:
             raise WorkerLost(f"worker {self.spec.index} exited while starting (code {self.proc.exitcode})") from exc
         if status != "ready":
             raise WorkerLost(f"worker {self.spec.index} could not start: {info}")
+        try:
+            check_stamp(worker_stamp(), info.get("stamp"), f"worker {self.spec.index}")
+        except StampMismatch as exc:
+            self.proc.kill()  # it holds no session yet: nothing is lost with it
+            raise WorkerLost(f"worker {self.spec.index} could not start: {exc}") from None
         return info
 
     def call(self, op: str, args: tuple, payload: bytes | bytearray | None) -> tuple[dict, bytes | None]:
@@ -156,6 +163,7 @@ class ProcessHost:
         self._lock = threading.Lock()
         self._closing = False
         self.restarts_total = 0
+        worker_stamp()  # this server's environment stamp, read now: every worker started later is held to it
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> None:

@@ -9,16 +9,17 @@ input).
 
 The worker asks the kernel's OOM killer to take it before the HTTP server (``oom_score_adj``) and, when the server
 sets one, limits its own address space (``RLIMIT_AS``) to what it holds after loading plus a fixed headroom, so a
-request that needs more memory fails with ``MemoryError`` in this process, not in the server's.
+request that needs more memory fails with ``MemoryError`` in this process, not in the server's. Its ready message
+carries its environment stamp (:func:`worker_stamp`), which the server checks: a worker restarted after polyfhe was
+upgraded under the running server is refused. Framing and limits are :mod:`polyfhe.workers`'.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-import resource
 import signal
-import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,64 +30,34 @@ from typing import Any
 from polyfhe.procinfo import proc_bytes
 from polyfhe.serve.errors import ApiError
 from polyfhe.serve.hosts import engine_call, open_server
+from polyfhe.workers.framing import receive_chunks, send_chunks
+from polyfhe.workers.limits import limit_address_space, yield_to_oom_killer
+from polyfhe.workers.stamp import environment_stamp
 
-__all__ = ["CHUNK", "WorkerSpec", "send_payload", "worker_main"]
+__all__ = ["CHUNK", "PROTOCOL", "WorkerSpec", "receive_payload", "send_payload", "worker_main", "worker_stamp"]
 
 log = logging.getLogger(__name__)
 
 CHUNK = 16 << 20  # payload bytes per pipe message
 SCRATCH = 1 << 16  # bytes of the buffer a body that does not fit is read into and dropped
+PROTOCOL = "serve-worker-1"  # what a worker's stamp names: the messages of this module and process_host
+
+
+@functools.cache
+def worker_stamp() -> dict[str, str]:
+    """This process's environment stamp, read once: the server's from its start, a worker's at its own."""
+    return environment_stamp(PROTOCOL, packages=("polyfhe",))
 
 
 def send_payload(conn: Any, payload: bytes | bytearray | memoryview) -> None:
     """The payload in :data:`CHUNK`-sized messages (the receiver knows the total from the request)."""
-    view = memoryview(payload).cast("B")
-    for start in range(0, len(view), CHUNK):
-        conn.send_bytes(view[start: start + CHUNK])
-
-
-def _read_into(fd: int, view: memoryview) -> None:
-    """Fill ``view`` from ``fd`` (no allocation); EOFError when the pipe closes first."""
-    while len(view):
-        got = os.readv(fd, [view])
-        if got == 0:
-            raise EOFError("the pipe closed in the middle of a message")
-        view = view[got:]
-
-
-def _frame_length(fd: int, header: memoryview) -> int:
-    """The length of the next message ``Connection.send_bytes`` wrote (``!i``, or -1 then ``!Q`` past 2 GiB)."""
-    _read_into(fd, header[:4])
-    (length,) = struct.unpack("!i", header[:4])
-    if length == -1:
-        _read_into(fd, header[:8])
-        (length,) = struct.unpack("!Q", header[:8])
-    return length
+    send_chunks(conn, payload, CHUNK)
 
 
 def receive_payload(conn: Any, size: int, scratch: memoryview) -> bytearray | None:
-    """``size`` payload bytes read straight into one buffer, or None (every byte read into ``scratch`` and
-    dropped) when this process cannot hold them: the pipe stays in step either way. Reads the frames of
-    :func:`send_payload` off the pipe's descriptor itself, since ``Connection`` copies every message."""
-    fd = conn.fileno()
-    try:
-        buffer: bytearray | None = bytearray(size)
-    except MemoryError:
-        buffer = None
-    view = memoryview(buffer) if buffer is not None else None
-    offset = 0
-    header = scratch[:8]
-    while offset < size:
-        length = _frame_length(fd, header)
-        if length > min(CHUNK, size - offset):
-            raise OSError(f"a payload frame of {length} bytes where at most {min(CHUNK, size - offset)} remain")
-        if view is not None:
-            _read_into(fd, view[offset: offset + length])
-        else:
-            for start in range(0, length, len(scratch)):
-                _read_into(fd, scratch[: min(len(scratch), length - start)])
-        offset += length
-    return buffer
+    """``size`` payload bytes of :func:`send_payload` in one buffer, or None when this process cannot hold them
+    (read and dropped: the pipe stays in step either way); ``OSError`` when the peer is out of step."""
+    return receive_chunks(conn, size, scratch, CHUNK)
 
 
 @dataclass(frozen=True)
@@ -105,15 +76,6 @@ class WorkerSpec:
     eval_delay_s: float = 0.0  # testing aid: every evaluation sleeps this long first (a slow model)
 
 
-def _yield_to_oom_killer() -> None:
-    """Make this worker the OOM killer's first choice (raising one's own score needs no privilege)."""
-    try:
-        with open("/proc/self/oom_score_adj", "w") as fh:
-            fh.write("1000")
-    except OSError:
-        log.debug("could not raise this worker's oom_score_adj")
-
-
 def _limit_memory(headroom: int | None) -> int | None:
     """Cap the address space at its current size plus ``headroom``; the cap in bytes, or None."""
     if headroom is None:
@@ -122,9 +84,7 @@ def _limit_memory(headroom: int | None) -> int | None:
     if size is None:
         log.warning("cannot read this worker's size; its memory is not limited")
         return None
-    limit = size + headroom
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    return limit
+    return limit_address_space(size + headroom, within_hard=False)
 
 
 class _Worker:
@@ -214,7 +174,7 @@ def worker_main(conn: Any, spec: WorkerSpec) -> None:
     """Entry point of a spawned worker; returns (the process exits) when the parent closes the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which then stops its workers
     logging.basicConfig(level=spec.log_level, format=f"[worker {spec.index}] %(levelname)s %(name)s: %(message)s")
-    _yield_to_oom_killer()
+    yield_to_oom_killer()
     try:
         from polyfhe.serve.registry import Registry
 
@@ -226,6 +186,6 @@ def worker_main(conn: Any, spec: WorkerSpec) -> None:
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", {"pid": os.getpid(), "address_space_limit": limit, "models": registry.names(),
-                         "warmed": warmed}))
+                         "warmed": warmed, "stamp": worker_stamp()}))
     worker.serve()
     os._exit(0)  # no interpreter teardown with engine threads and keys still around

@@ -4,7 +4,9 @@ A worker runs ``worker_main.py`` with the isolated environment's interpreter (``
 polyfhe's side is importable there). Every call sends a JSON header and raw blobs and gets the same back. When the
 worker raises, :class:`ConcreteCallError` carries its type and message; when it dies (Concrete's native code can
 abort on bytes it cannot parse), :class:`ConcreteWorkerDied` says so with the end of its stderr, and the caller's
-process is untouched: the next call starts a fresh worker.
+process is untouched: the next call starts a fresh worker. A fresh worker's first exchange is ``hello``: its
+environment stamp (protocol, interpreter version) must be this process's, else it is stopped before any work. The
+process, the framing and the watchdog are polyfhe's worker framework (:mod:`polyfhe.workers`).
 
 Memory is bounded twice. Every worker runs under a fixed address-space limit (``RLIMIT_AS``, default
 :data:`DEFAULT_ADDRESS_SPACE_BYTES`, ``Worker(address_space_bytes=...)``): the worker sets it on itself before it
@@ -20,21 +22,19 @@ will parse is size-checked here before it is sent
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
-import struct
-import subprocess
 import tempfile
 import threading
-import weakref
 from pathlib import Path
 
 import numpy as np
 
 from polyfhe.engines.concrete.env import ConcreteEnv, find_env
-from polyfhe.procinfo import available_memory, proc_bytes
+from polyfhe.workers.child import Child
+from polyfhe.workers.framing import FrameError, FrameFormat
+from polyfhe.workers.stamp import StampMismatch, check_stamp, environment_stamp
+from polyfhe.workers.watchdog import Watchdog, free_memory_limit
 
 __all__ = ["DEFAULT_ADDRESS_SPACE_BYTES", "PARSE_LIMITS", "ConcreteCallError", "ConcreteInputTooLarge",
            "ConcreteWorkerDied", "Worker", "array_blob", "blob_array", "check_blob_sizes"]
@@ -61,6 +61,8 @@ PARSE_LIMITS: dict[str, dict[int, tuple[int, str]]] = {
     "encrypt": {0: (1 << 30, "input array")},
 }
 MAX_REQUEST_BYTES = 8 << 30  # every request, whatever its command
+PROTOCOL = "concrete-worker-1"  # as worker_main.PROTOCOL: its hello must report this and this interpreter's version
+FRAMES = FrameFormat(MAGIC, MAX_HEADER, MAX_REPLY_BYTES, kind="reply", owner="parent's")
 
 
 class ConcreteCallError(RuntimeError):
@@ -109,52 +111,6 @@ def blob_array(blob: bytes, shape: list[int]) -> np.ndarray:
     return np.frombuffer(blob, dtype="<f8").reshape([int(s) for s in shape]).copy()
 
 
-def _terminate(proc: subprocess.Popen, workdir: str | None = None) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(timeout=30)
-    if workdir is not None:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-class _MemoryWatchdog:
-    """Samples a process's resident memory a few times a second and kills it past ``limit`` (Linux /proc)."""
-
-    PERIOD_S = 0.25
-
-    def __init__(self, pid: int, limit: int | None) -> None:
-        self.pid, self.peak, self.tripped = pid, 0, False
-        current = proc_bytes(f"/proc/{pid}/status", "VmRSS") or 0
-        free = available_memory()
-        self.limit = limit if limit is not None else (None if free is None else current + int(0.9 * free))
-        self._stop = threading.Event()
-        self._thread = None
-        if self.limit is not None:
-            self._thread = threading.Thread(target=self._watch, daemon=True, name="concrete-memory-watchdog")
-            self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.PERIOD_S):
-            rss = proc_bytes(f"/proc/{self.pid}/status", "VmRSS")
-            if rss is None:
-                return
-            self.peak = max(self.peak, rss)
-            if self.peak > self.limit:
-                self.tripped = True
-                log.warning("Concrete ML worker %d passed %.1f GB (limit %.1f GB): stopping it", self.pid,
-                            self.peak / 1e9, self.limit / 1e9)
-                try:
-                    os.kill(self.pid, 9)
-                except OSError:
-                    pass
-                return
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-
 class Worker:
     """One worker process; ``call`` is serialised by a lock (a worker serves one request at a time)."""
 
@@ -175,53 +131,62 @@ class Worker:
         self.env = env or find_env()
         self.threads = threads
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen | None = None
-        self._stderr = None
+        self._proc: Child | None = None
         self.restarts = 0
 
-    def _start(self) -> subprocess.Popen:
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the worker it records
+    def _start(self) -> Child:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         if self.threads:
             environ.update(OMP_NUM_THREADS=str(self.threads), RAYON_NUM_THREADS=str(self.threads))
         # its own working folder: Concrete ML writes debugging artifacts (.artifacts/) into the current one
         workdir = tempfile.mkdtemp(prefix="polyfhe-concrete-")
         limit = [] if self.address_space_bytes is None else ["--address-space", str(int(self.address_space_bytes))]
-        proc = subprocess.Popen([str(self.env.python), "-I", str(WORKER_SCRIPT), *limit], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=self._stderr, env=environ, cwd=workdir)
-        weakref.finalize(self, _terminate, proc, workdir)
-        log.debug("started Concrete ML %s worker (pid %d)", self.role, proc.pid)
-        return proc
+        return Child([str(self.env.python), "-I", str(WORKER_SCRIPT), *limit], env=environ, workdir=workdir,
+                     label=f"Concrete ML {self.role} worker")
+
+    def _hello(self, child: Child) -> None:
+        """A new worker's first exchange: its environment stamp must be this process's (same protocol, same
+        interpreter version as the environment was made for), else it is stopped before any work."""
+        FRAMES.write(child.stdin, {"command": "hello"})
+        reply, _ = FRAMES.read(child.stdout)
+        try:
+            check_stamp(environment_stamp(PROTOCOL), reply.get("stamp"), f"the Concrete ML {self.role} worker")
+        except StampMismatch as exc:
+            child.kill()
+            raise StampMismatch(f"{exc}; rebuild its environment with `polyfhe setup concrete --force`") from None
 
     def stderr_tail(self, limit: int = 2000) -> str:
-        if self._stderr is None:
-            return ""
-        self._stderr.seek(0, os.SEEK_END)
-        size = self._stderr.tell()
-        self._stderr.seek(max(0, size - limit))
-        return self._stderr.read().decode(errors="replace")
+        return "" if self._proc is None else self._proc.last_words(limit)
 
     @property
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._proc is not None and self._proc.alive
 
     def call(self, command: str, header: dict | None = None, blobs: tuple[bytes, ...] | list = ()) -> tuple[dict, list]:
         """Send one request and wait for its reply. While it runs, a watchdog ends the worker if its memory passes
         what the machine had free (Concrete's key generation for a large circuit can take tens of GB). Byte
-        strings over their limit are refused before anything is sent (:class:`ConcreteInputTooLarge`)."""
+        strings over their limit are refused before anything is sent (:class:`ConcreteInputTooLarge`); a new
+        worker whose environment stamp differs is refused (:class:`~polyfhe.workers.stamp.StampMismatch`)."""
         check_blob_sizes(command, blobs, self.parse_limits, f"Concrete ML {self.role}")
         with self._lock:
-            if not self.alive:
+            fresh = not self.alive
+            if fresh:
                 if self._proc is not None:
                     self.restarts += 1
                 self._proc = self._start()
             proc = self._proc
-            watchdog = _MemoryWatchdog(proc.pid, self.memory_limit_bytes)
+            limit = self.memory_limit_bytes if self.memory_limit_bytes is not None else free_memory_limit(proc.pid)
+            watchdog = Watchdog(proc.pid, memory_limit=limit, label="Concrete ML worker")
             try:
-                self._send(proc, {**(header or {}), "command": command}, blobs)
-                reply, out = self._receive(proc)
-            except (BrokenPipeError, EOFError, OSError) as exc:
-                code = proc.wait(timeout=60) if proc.poll() is None else proc.returncode
+                if fresh:
+                    self._hello(proc)
+                FRAMES.write(proc.stdin, {**(header or {}), "command": command}, blobs)
+                reply, out = FRAMES.read(proc.stdout)
+            except (BrokenPipeError, EOFError, OSError, FrameError) as exc:
+                if isinstance(exc, FrameError):
+                    code = proc.desync(str(exc))  # out of step: nothing it says next can be trusted
+                else:
+                    code = proc.wait(timeout=60) if proc.alive else proc.proc.returncode
                 if watchdog.tripped:
                     raise ConcreteWorkerDied(
                         f"the Concrete ML {self.role} worker was stopped during {command!r}: it passed "
@@ -237,42 +202,8 @@ class Worker:
                                     bool(reply.get("bad_input")))
         return reply, out
 
-    @staticmethod
-    def _send(proc: subprocess.Popen, header: dict, blobs) -> None:
-        header = dict(header, blobs=[len(b) for b in blobs])
-        raw = json.dumps(header).encode()
-        stream = proc.stdin
-        stream.write(MAGIC + struct.pack("<I", len(raw)) + raw)
-        for blob in blobs:
-            stream.write(blob)
-        stream.flush()
-
-    @staticmethod
-    def _receive(proc: subprocess.Popen) -> tuple[dict, list[bytes]]:
-        stream = proc.stdout
-
-        def exact(n: int) -> bytes:
-            data = stream.read(n)
-            if data is None or len(data) != n:
-                raise EOFError
-            return data
-
-        head = exact(8)
-        (size,) = struct.unpack("<I", head[4:])
-        if head[:4] != MAGIC or size > MAX_HEADER:
-            raise EOFError
-        header = json.loads(exact(size))
-        lengths = [int(n) for n in header.get("blobs", [])]
-        if sum(lengths) > MAX_REPLY_BYTES:
-            raise EOFError
-        return header, [exact(n) for n in lengths]
-
     def close(self) -> None:
         with self._lock:
             if self._proc is not None:
-                try:
-                    self._proc.stdin.close()
-                    self._proc.wait(timeout=30)
-                except (OSError, subprocess.TimeoutExpired):
-                    _terminate(self._proc)
+                self._proc.close()
                 self._proc = None

@@ -4,79 +4,58 @@ It imports Concrete ML, never polyfhe (which is not installed there). It reads f
 framed replies on stdout: ``MAGIC`` | uint32 header length | JSON header | blobs, the header listing each blob's
 length. Arrays travel as raw little-endian float64 with their shape in the header: nothing is pickled. Anything
 Concrete ML prints goes to stderr, so stdout carries only frames. One worker serves one role: a compiler, one
-client (its keys never leave this process's memory) or one server (one client's evaluation keys).
+client (its keys never leave this process's memory) or one server (one client's evaluation keys). The framing,
+the limits and the request loop are polyfhe's worker framework (``polyfhe/workers``, standard library only),
+loaded by path; the parent's first request is ``hello``, answered with this worker's environment stamp.
 
 ``--address-space BYTES``: the process limits its own address space (``RLIMIT_AS``) before it imports anything,
 so Concrete's native code cannot map more while it parses bytes from outside (the parent counts the limit in its
 memory budget); a request whose blobs together pass ``MAX_REQUEST_BYTES`` is refused unread.
 """
 
+import importlib.util
 import json
 import os
-import struct
 import sys
 import tempfile
 import time
-import traceback
+from pathlib import Path
+
+
+def _load_framework():
+    """polyfhe's worker framework (``polyfhe/workers``: standard library only) under a private package name: polyfhe
+    itself is not installed in this environment, and the folder is not put on ``sys.path`` (its module names
+    could shadow a package of Concrete ML's)."""
+    name = "_polyfhe_workers"
+    if name not in sys.modules:
+        folder = Path(__file__).resolve().parents[2] / "workers"
+        spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[name] = package
+        spec.loader.exec_module(package)
+    return sys.modules[name]
+
+
+_load_framework()
+from _polyfhe_workers import child_main, framing, limits, stamp  # loaded by path just above
 
 MAGIC = b"PFCW"
 MAX_HEADER = 1 << 20
 MAX_REQUEST_BYTES = 8 << 30  # as the parent's bound (polyfhe.engines.concrete.worker.MAX_REQUEST_BYTES)
+PROTOCOL = "concrete-worker-1"  # the parent refuses a worker whose hello reports another
+FRAMES = framing.FrameFormat(MAGIC, MAX_HEADER, MAX_REQUEST_BYTES)
+
+limit_address_space = limits.limit_address_space
+address_space_argument = limits.address_space_argument
+read_exact = framing.read_exact
+read_frame = FRAMES.read
+write_frame = FRAMES.write
 
 
-def limit_address_space(limit):
-    """Set this process's RLIMIT_AS (soft and hard) to ``limit`` bytes; the hard limit is lowered only."""
-    import resource
-
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def address_space_argument(argv):
-    """The ``--address-space BYTES`` value of ``argv``, or None."""
-    if "--address-space" not in argv:
-        return None
-    value = int(argv[argv.index("--address-space") + 1])
-    if value <= 0:
-        raise ValueError(f"--address-space must be positive, not {value}")
-    return value
-
-
-def read_exact(stream, n):
-    chunks, left = [], n
-    while left:
-        chunk = stream.read(left)
-        if not chunk:
-            raise EOFError
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def read_frame(stream):
-    head = read_exact(stream, 8)
-    if head[:4] != MAGIC:
-        raise ValueError("bad frame magic")
-    (size,) = struct.unpack("<I", head[4:])
-    if size > MAX_HEADER:
-        raise ValueError("frame header too large")
-    header = json.loads(read_exact(stream, size))
-    lengths = [int(n) for n in header.get("blobs", [])]
-    if any(n < 0 for n in lengths) or sum(lengths) > MAX_REQUEST_BYTES:
-        raise ValueError(f"a request of {sum(lengths)} bytes, over the worker's limit of {MAX_REQUEST_BYTES}")
-    blobs = [read_exact(stream, n) for n in lengths]
-    return header, blobs
-
-
-def write_frame(stream, header, blobs=()):
-    header = dict(header, blobs=[len(b) for b in blobs])
-    raw = json.dumps(header).encode()
-    stream.write(MAGIC + struct.pack("<I", len(raw)) + raw)
-    for blob in blobs:
-        stream.write(blob)
-    stream.flush()
+def worker_stamp():
+    """This worker's environment stamp (its hello): the protocol and the interpreter, no Concrete import."""
+    return stamp.environment_stamp(PROTOCOL)
 
 
 def to_array(blob, shape):
@@ -209,11 +188,12 @@ def cmd_compile(header, blobs):
 
 def cmd_limits(header, blobs):
     """This worker's own limits (no Concrete import: the parent's tests read them without Concrete ML)."""
-    import resource
+    return {"address_space": limits.address_space_limits(), "max_request_bytes": MAX_REQUEST_BYTES}, []
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    return {"address_space": [None if v == resource.RLIM_INFINITY else v for v in (soft, hard)],
-            "max_request_bytes": MAX_REQUEST_BYTES}, []
+
+def cmd_hello(header, blobs):
+    """The first request of every worker: its environment stamp, which the parent checks before any work."""
+    return {"stamp": worker_stamp()}, []
 
 
 def cmd_client_open(header, blobs):
@@ -290,26 +270,8 @@ def main():
     limit = address_space_argument(sys.argv[1:])
     if limit is not None:
         limit_address_space(limit)
-    protocol = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # whatever Concrete ML prints lands on stderr, never inside a frame
-    sys.stdout = sys.stderr
-    requests = sys.stdin.buffer
-    while True:
-        try:
-            header, blobs = read_frame(requests)
-        except EOFError:
-            return
-        command = COMMANDS.get(header.get("command"))
-        try:
-            if command is None:
-                raise ValueError(f"unknown command {header.get('command')!r}")
-            reply, out = command(header, blobs)
-            write_frame(protocol, {"ok": True, **reply}, out)
-        except BadInput as exc:
-            write_frame(protocol, {"ok": False, "bad_input": True, "error": "BadInput", "message": str(exc)})
-        except Exception as exc:  # noqa: BLE001 - reported to the parent with its type; the worker stays up
-            write_frame(protocol, {"ok": False, "error": type(exc).__name__, "message": str(exc)[:4000],
-                                   "trace": traceback.format_exc()[-4000:]})
+    protocol = child_main.protect_stdout()
+    child_main.serve_requests(COMMANDS, FRAMES, sys.stdin.buffer, protocol, BadInput)
 
 
 if __name__ == "__main__":

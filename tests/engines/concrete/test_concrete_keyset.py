@@ -295,7 +295,7 @@ def _worker_env(folder: Path) -> Path:
                       "out = os.fdopen(os.dup(1), 'wb')\n"
                       "while True:\n    header, _ = w.read_frame(sys.stdin.buffer)\n"
                       "    if header['command'] == 'server_keys':\n        os._exit(134)\n"
-                      "    w.write_frame(out, {'ok': True})\n")
+                      "    w.write_frame(out, {'ok': True, 'stamp': w.worker_stamp()})\n")
     python = folder / "bin" / "python"
     python.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
     python.chmod(0o755)
