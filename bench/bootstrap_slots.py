@@ -29,10 +29,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine_info import machine_info
 
+from polyfhe.engines.lattigo.bootcircuit import BOOT_SPECIAL_PRIMES
 from polyfhe.engines.lattigo.bootkeys import generate_here
+from polyfhe.engines.lattigo.bootparams import bootstrap_key_bytes
 from polyfhe.engines.lattigo.format import evaluation_key_set, lattigo_params, secret_weight
 from polyfhe.engines.lattigo.probes import graph_container, graph_node
-from polyfhe.program.bootparams import BOOT_SPECIAL_PRIMES, BootstrapSpec, bootstrap_key_bytes
+from polyfhe.program.bootstrapping import BootstrapSpec
 from polyfhe.program.params import CKKSParams
 
 

@@ -34,9 +34,9 @@ from polyfhe.exporters.ckks.affine import (
 )
 from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
 from polyfhe.exporters.ckks.cost import map_cost, term_diagonals
+from polyfhe.exporters.ckks.graph_values import fix_batch_axis, probe_values
 from polyfhe.exporters.ckks.layout import UNBOUNDED_SLOTS, input_packing
 from polyfhe.exporters.ckks.memory import TermBudget, term_bytes
-from polyfhe.exporters.ckks.graph_values import fix_batch_axis, probe_values
 from polyfhe.exporters.ckks.sites import factoring_sites, shift_sites
 
 __all__ = ["factoring_sites", "lower_onnx", "shift_sites"]

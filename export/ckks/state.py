@@ -16,9 +16,10 @@ import onnx
 from polyfhe.exporters.ckks.circuit import Circuit
 from polyfhe.exporters.ckks.plan import Plan
 from polyfhe.exporters.ckks.samples import CalibrationDataError, calibration_array
-from polyfhe.program.bootparams import BootstrapSpec, machine_memory_budget
-from polyfhe.program.engine_api import Backend
+from polyfhe.program.bootstrapping import BootstrapSpec
+from polyfhe.program.engine_api import Backend, BootstrapModel
 from polyfhe.program.engines import DEFAULT_BACKEND, BackendUnavailable, get_backend
+from polyfhe.program.machine import machine_memory_budget
 from polyfhe.program.manifest import LAYOUTS
 from polyfhe.program.params import DEFAULT_MIN_SCALE_BITS, CKKSParams
 
@@ -109,7 +110,7 @@ class CompileOptions:
         object.__setattr__(self, "engine", engine)
         if self.layout not in engine.layouts:
             raise CKKSExportError(f"backend {self.backend!r} runs layouts {list(engine.layouts)}, not {self.layout!r}")
-        if self.upload_budget is not None and self.backend != "seal":
+        if self.upload_budget is not None and not engine.web_client:
             raise CKKSExportError(f"upload_budget sizes a web page's upload; the page is a client of SEAL programs "
                                   f"only, not of backend {self.backend!r}")
         if self.upload_budget is not None and self.upload_budget <= 0:
@@ -185,6 +186,14 @@ class CompileState:
     def may_bootstrap(self) -> bool:
         """Whether a circuit too deep for the leveled rings may bootstrap instead."""
         return self.options.bootstrap == "auto" and self.engine.bootstraps and self.options.layout == "single"
+
+    @property
+    def bootstrapping(self) -> BootstrapModel:
+        """The engine's bootstrapping model; only asked where a program bootstraps (or may)."""
+        model = self.engine.bootstrapping
+        if model is None:
+            raise CKKSExportError(f"backend {self.options.backend!r} does not bootstrap")
+        return model
 
     @property
     def single(self) -> bool:

@@ -3,7 +3,7 @@
 ``calibrated_costs(engine)`` runs the microbenchmarks of :mod:`polyfhe.cost.opbench` once per machine and engine
 version (about 10-30 s) and caches the fitted constants (:mod:`polyfhe.runtime.opcosts`); ``predict(workload, costs)``
 prices a :class:`~polyfhe.cost.workload.Workload` (compiled or estimated). Bootstrapping is priced from measured
-bootstraps (see :data:`BOOTSTRAP_MEASUREMENTS`): a bootstrap at N=2^16 is never re-measured by the calibration,
+bootstraps (the engine's ``bootstrapping.key_switches``, :mod:`polyfhe.runtime.bootcost`): a bootstrap at N=2^16 is never re-measured by the calibration,
 whose key generation alone needs 17+ GB.
 """
 
@@ -15,21 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polyfhe.cost.workload import Workload
-from polyfhe.program.bootparams import (
-    KEYGEN_PEAK_FACTOR,
-    BootstrapSpec,
-    bootstrap_key_bytes,
-    machine_memory_budget,
-)
+from polyfhe.program.bootstrapping import BootstrapSpec
 from polyfhe.program.engines import get_backend
+from polyfhe.program.machine import machine_memory_budget
 from polyfhe.program.params import CKKSParams, estimated_sizes
-from polyfhe.runtime.bootcost import (
-    BOOTSTRAP_MEASUREMENTS,
-    BOOTSTRAPPER_START_BOOTSTRAPS,
-    bootstrap_key_switches,
-    bootstrap_seconds,
-    bootstrap_site,
-)
+from polyfhe.runtime.bootcost import bootstrap_model, bootstrap_seconds, bootstrap_site
 from polyfhe.runtime.opcosts import (
     KeyBytesModel,
     OpCosts,
@@ -42,15 +32,14 @@ from polyfhe.runtime.opcosts import (
 )
 from polyfhe.runtime.plaintexts import DEFAULT_PLAINTEXT_BYTES
 
-__all__ = ["BOOTSTRAP_KEYGEN_SECONDS", "BOOTSTRAP_MEASUREMENTS", "CALIBRATION_SECONDS", "CostPrediction",
-           "bootstrap_key_switches", "bootstrap_seconds", "bootstrap_site", "calibrate", "calibrated_costs", "eval_threads", "key_bytes", "predict",
+__all__ = ["BOOTSTRAP_KEYGEN_SECONDS", "CALIBRATION_SECONDS", "CostPrediction",
+           "bootstrap_seconds", "bootstrap_site", "calibrate", "calibrated_costs", "eval_threads", "key_bytes", "predict",
            "thread_speedup"]
 
 log = logging.getLogger(__name__)
 
 BOOTSTRAP_KEYGEN_SECONDS = (24.0, 40.0)  # bootstrapping key generation at N=2^16, same machine (range of runs)
 PLAINTEXT_BUDGET = DEFAULT_PLAINTEXT_BYTES  # a server's plaintext store (``--plaintext-cache-mb``)
-BOOT_KEY_COPIES = 2.0  # the bootstrapping keys a server holds while it loads them
 
 
 @dataclass(frozen=True)
@@ -193,12 +182,15 @@ def _plaintext_room(workload: Workload, encodes: dict, room: int) -> tuple[float
 
 
 def _server_bytes(workload: Workload, costs: OpCosts, keys: int, live: int, boot_keys: int) -> float:
-    """A running server's memory beyond its plaintexts: base process, key copies, weight containers, ciphertexts."""
-    traits, params = get_backend(workload.engine).cost, workload.params
+    """A running server's memory beyond its plaintexts: base process, key copies, weight containers, ciphertexts,
+    and the bootstrapping keys' copies (as many as its engine's bootstrapping model says)."""
+    record = get_backend(workload.engine)
+    traits, params = record.cost, workload.params
+    boot_copies = record.bootstrapping.server_key_copies if boot_keys else 0.0
     decoded = estimated_sizes(params, workload.galois_keys + workload.relin)["public_context"]
     container = workload.plaintexts * params.slots * 8
     return (costs.base_rss_bytes + traits.key_copies * keys + traits.decoded_key_copies * decoded
-            + traits.container_copies * container + live + BOOT_KEY_COPIES * boot_keys)
+            + traits.container_copies * container + live + boot_copies * boot_keys)
 
 
 def predict(workload: Workload, costs: OpCosts, *, machine_bytes: int | None = -1,
@@ -215,7 +207,8 @@ def predict(workload: Workload, costs: OpCosts, *, machine_bytes: int | None = -
     encodes = {s: c for s, c in workload.tally.items() if s.op == "encode"}
     keys = key_bytes(costs, params, workload.galois_keys, workload.relin)
     live = workload.live_ciphertexts * estimated_sizes(params, 0)["ciphertext"]
-    boot_keys = bootstrap_key_bytes(params, BootstrapSpec.from_dict(workload.boot_spec)) if workload.boot_spec else 0
+    boot = bootstrap_model(workload.engine) if workload.boot_spec else None
+    boot_keys = boot.key_bytes(params, BootstrapSpec.from_dict(workload.boot_spec)) if boot else 0
     others = _server_bytes(workload, costs, keys, live, boot_keys)
     held, re_encoded = workload.plaintext_bytes, {}
     if not traits.encodes_at_load:  # the store stops at its budget, and earlier where memory runs short
@@ -233,13 +226,13 @@ def predict(workload: Workload, costs: OpCosts, *, machine_bytes: int | None = -
     if traits.encodes_at_load:  # loading the program encodes every plaintext
         setup_s, cold_s = costs.seconds(encodes), eval_s
         if workload.bootstraps:  # the first bootstrap of a process also encodes the bootstrapper's transforms
-            cold_s += BOOTSTRAPPER_START_BOOTSTRAPS * boot_one
+            cold_s += bootstrap_model(workload.engine).start_bootstraps * boot_one
     else:  # the store encodes each plaintext on first use: the first query pays them
         setup_s, cold_s = 0.0, eval_s - costs.seconds(re_encoded) + costs.seconds(encodes)
     return CostPrediction(
         engine=workload.engine, source=workload.source, params=params, samples=workload.samples,
         eval_seconds=eval_s, cold_seconds=cold_s, setup_seconds=setup_s, bootstrap_seconds=boot_one, key_bytes=keys,
         bootstrap_key_bytes=boot_keys, plaintext_bytes=int(held), live_bytes=int(live),
-        peak_bytes=int(others + held), keygen_peak_bytes=int(KEYGEN_PEAK_FACTOR * boot_keys), machine_bytes=machine,
+        peak_bytes=int(others + held), keygen_peak_bytes=boot.keygen_peak_bytes(boot_keys) if boot else 0, machine_bytes=machine,
         by_op=by_op, counters=dict(workload.counters), galois_keys=workload.galois_keys,
         bootstraps=workload.bootstraps, notes=workload.notes)

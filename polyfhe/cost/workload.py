@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from polyfhe.program.bootstrapping import bootstraps_needed
 from polyfhe.program.engines import BACKEND_NAMES, get_backend
 from polyfhe.program.params import CKKSParams
 from polyfhe.program.sizes import poly_bytes
@@ -239,9 +240,8 @@ def traced_workload(traced: TracedModel, engine: str, params: CKKSParams, *, boo
                     samples: int = 1) -> Workload:
     """The estimated workload of a traced model on ``params`` (a residual chain when ``bootstrap_slots`` is set:
     the model's levels then wrap around it, a bootstrap wherever a register crosses a cut)."""
-    from polyfhe.program.bootparams import bootstraps_needed, default_spec
-
-    traits = get_backend(engine).cost
+    record = get_backend(engine)
+    traits = record.cost
     linear_tally = traits.traced_linear or _diagonal_method
 
     n, slots, top = params.poly_modulus_degree, params.slots, params.levels
@@ -293,7 +293,7 @@ def traced_workload(traced: TracedModel, engine: str, params: CKKSParams, *, boo
         for c in cuts:
             bootstraps += sum(math.ceil(sizes[r] / bootstrap_slots) for r, lv in made.items()
                               if lv <= c < last.get(r, -1))
-        spec = default_spec(params, bootstrap_slots).to_dict()
+        spec = record.bootstrapping.default_spec(params, bootstrap_slots).to_dict()
         notes.append(f"{len(cuts)} cuts of a {top}-level residual chain")
     galois = sum(keys.values())  # distinct steps: maps of one shape share theirs
     counters["encodes_cold"] = plaintexts

@@ -22,8 +22,7 @@ import numpy as np
 
 from polyfhe.cost.model import CostPrediction, calibrated_costs, predict
 from polyfhe.cost.workload import TracedModel, program_workload, trace_model, traced_workload
-from polyfhe.program.bootparams import BOOTSTRAP_RING, bootstrap_candidates
-from polyfhe.program.engines import BACKEND_NAMES, get_backend
+from polyfhe.program.engines import bootstrapping_engines, get_backend
 from polyfhe.program.params import RING_SIZES, CKKSParams, ParameterError, choose_params
 
 __all__ = [
@@ -100,12 +99,13 @@ def estimate_params(traced: TracedModel, engine: str) -> tuple[CKKSParams, int |
     try:
         return choose_params(traced.depth, min(slots, RING_SIZES[-1] // 2), ASSUMED_MAX_ABS), None
     except ParameterError:
-        if not get_backend(engine).bootstraps:
-            able = " or ".join(name for name in BACKEND_NAMES if get_backend(name).bootstraps)
+        model = get_backend(engine).bootstrapping
+        if model is None:
+            able = " or ".join(bootstrapping_engines())
             raise ParameterError(f"{traced.depth} levels do not fit any leveled ring, and {engine!r} cannot "
                                  f"bootstrap: use --backend {able}") from None
-    width = min(traced.widest, BOOTSTRAP_RING // 2)
-    choice = bootstrap_candidates(traced.depth, width)[0]
+    width = min(traced.widest, model.ring // 2)
+    choice = model.candidates(traced.depth, width)[0]
     return choice.params, 1 << math.ceil(math.log2(width))
 
 

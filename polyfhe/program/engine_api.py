@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Backend", "BackendUnavailable", "ClientProtocol", "CostTraits", "EngineRefusal", "KeySetTooLarge",
-           "ServerProtocol"]
+__all__ = ["Backend", "BackendUnavailable", "BootstrapModel", "ClientProtocol", "CostTraits", "EngineRefusal",
+           "KeySetTooLarge", "ServerProtocol"]
 
 
 class EngineRefusal(RuntimeError):
@@ -71,6 +71,33 @@ class CostTraits:
 
 
 @dataclass(frozen=True)
+class BootstrapModel:
+    """What an engine that bootstraps tells the compiler, the cost model and the runtime (the values that cross are
+    :mod:`polyfhe.program.bootstrapping`'s; ``params``: a residual chain's ``CKKSParams``, ``spec``: a
+    ``BootstrapSpec``): everything they decide about bootstrapping comes from here, none of it from the engine's
+    name."""
+
+    ring: int  # the ring a 128-bit bootstrap runs on
+    circuit_primes: int  # primes the bootstrapping circuit appends to the residual chain
+    modulus_bits: Callable[..., int]  # (params, spec) -> planned bits of the bootstrapping keys' modulus
+    key_bytes: Callable[..., int]  # (params, spec) -> bytes of the bootstrapping keys
+    keygen_peak_bytes: Callable[[int], int]  # bootstrapping key bytes -> resident peak of generating them
+    # (plaintext, bootstrapping key, Galois key bytes) -> a server's resident bytes (while loading, while serving)
+    server_peak_bytes: Callable[[int, int, int], tuple[int, int]]
+    server_key_copies: float  # copies of the bootstrapping keys a running server holds (the cost model's memory)
+    # (params, spec, residual_q=None, secret_weight=None) -> BootstrapSecurity, on the real primes
+    security: Callable[..., Any]
+    # (depth, slots, *, scale_bits=None, ...) -> [BootstrapChoice]: every secure residual chain, cheapest first
+    candidates: Callable[..., list]
+    # (depth, slots, *, scale_bits=None, memory_bytes=None) -> (params, spec): the cheapest whose keys fit memory
+    choose: Callable[..., tuple]
+    default_spec: Callable[..., Any]  # (params, slots) -> the BootstrapSpec refreshing that many slots
+    max_refresh_log_slots: Callable[..., int]  # (params, spec, memory_bytes) -> most slots (log2) keys fit for
+    key_switches: Callable[[int, int], float]  # (log_slots, logn) -> one bootstrap's price in key switches
+    start_bootstraps: float = 0.0  # bootstraps' worth of time the first bootstrap of a process adds
+
+
+@dataclass(frozen=True)
 class Backend:
     """One CKKS engine.
 
@@ -81,8 +108,8 @@ class Backend:
     ``composes_rotations``: the engine builds a rotation without a key of its own from power-of-two keys
     (SEAL), so the planner may keep the key set within a budget; an engine that plans its own keys in
     ``prepare`` (Lattigo) gets the plan without a budget, and no composed-rotation fallback.
-    ``bootstraps``: the engine runs a program's ``bootstrap`` steps, so a circuit deeper than any leveled ring
-    can be exported for it (``export/ckks/bootstrap.py``).
+    ``bootstrapping``: the engine runs a program's ``bootstrap`` steps, so a circuit deeper than any leveled ring
+    can be exported for it (``export/ckks/bootstrap.py``); its :class:`BootstrapModel` says how (None: it cannot).
     ``restore(manifest, secret_context, public_context=None)``: the client again from its private backup
     (``client.secret_context()``, and the public context saved with it); ``None``: the client class's ``load``.
     """
@@ -95,7 +122,7 @@ class Backend:
     client: Callable[..., ClientProtocol]
     server: Callable[..., ServerProtocol]
     composes_rotations: bool = True
-    bootstraps: bool = False
+    bootstrapping: BootstrapModel | None = None
     restore: Callable[..., ClientProtocol] | None = None
     # bytes a valid public context of ``upload`` bytes takes once decoded (compressed keys inflate): what a
     # server's key budget must count; ``None``: the upload size (the engine's keys travel uncompressed)
@@ -128,3 +155,13 @@ class Backend:
     # runs a linear step's rotate-and-add windows (``pre_sums``/``post_sums``): the planner may then sum blocks
     # broadcast over themselves with a few rotations (``plan.BlockSums``) instead of their diagonals
     rotate_sums: bool = True
+    # (params) -> bytes of one Galois key as the engine's client serialises it: what the planner's Galois key budget
+    # counts on an engine that ``composes_rotations``; None: uncompressed (``polyfhe.program.sizes``)
+    galois_key_bytes: Callable[[Any], int] | None = None
+    # a web page is a client of the engine's programs (it sends its keys seeded; ``upload_budget`` sizes that upload)
+    web_client: bool = False
+
+    @property
+    def bootstraps(self) -> bool:
+        """The engine runs ``bootstrap`` steps (it has a :class:`BootstrapModel`)."""
+        return self.bootstrapping is not None

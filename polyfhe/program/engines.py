@@ -15,7 +15,8 @@ from typing import Any
 
 from polyfhe.program.engine_api import Backend, BackendUnavailable, KeySetTooLarge
 
-__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "KeySetTooLarge", "client_for",
+__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "KeySetTooLarge",
+           "bootstrapping_engines", "client_for",
            "get_backend", "list_backends", "max_context_bytes", "prepare_process", "public_context_bytes", "restore_client",
            "warm_plaintexts"]
 
@@ -36,6 +37,12 @@ def get_backend(name: str) -> Backend:
     if name not in _LOADED:
         _LOADED[name] = importlib.import_module(_MODULES[name]).BACKEND
     return _LOADED[name]
+
+
+def bootstrapping_engines() -> list[str]:
+    """The engines that bootstrap (their record has a ``bootstrapping`` part), in registry order: what the
+    compiler names before the caller has chosen one."""
+    return [name for name in BACKEND_NAMES if get_backend(name).bootstrapping is not None]
 
 
 def prepare_process() -> None:

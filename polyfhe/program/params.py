@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 #   Table 5.2 of ePrint 2024/463 (Bossuat et al., "Security Guidelines for Implementing Homomorphic Encryption"),
 #   estimated with the lattice estimator under the MATZOV cost model (OpenFHE issue #806; the paper, not OpenFHE,
 #   records the estimator's version). Lattigo itself publishes no bound at 2^16 for this secret.
-# N=65536 serves bootstrapping programs only (fhe/bootparams.py); leveled ones choose among RING_SIZES.
+# N=65536 serves bootstrapping programs only (the bootstrapping engine's ``bootstrapping.ring``); leveled ones choose among RING_SIZES.
 MAX_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881, 65536: 1747}
 RING_SIZES = (8192, 16384, 32768)
 MAX_PRIME_BITS = 60
@@ -205,8 +205,8 @@ def seeded_sizes(params: CKKSParams, galois_keys: int) -> dict[str, int]:
     """Exact bytes of the public keys as the web page sends them: seeded (each key ciphertext's uniformly random
     second half replaced by its seed) and uncompressed, about half of :func:`estimated_sizes`."""
     n, primes = params.poly_modulus_degree, len(params.coeff_mod_bits)
-    part = n * primes * 8 + SEEDED_FRAMING  # one key ciphertext, seeded
-    key = (primes - 1) * part  # one key-switching key: a ciphertext per data prime
+    part = ciphertext_bytes(n, primes, polys=1, framing=SEEDED_FRAMING)  # one key ciphertext, seeded
+    key = key_switching_key_bytes(n, primes - 1, primes, digit_framing=SEEDED_FRAMING, polys=1)  # one per data prime
     galois = KSWITCH_FRAMING + 8 * n + galois_keys * key if galois_keys else 0  # a row count per Galois element
     relin = KSWITCH_FRAMING + 8 + key
     return {"public_key": part, "relin_keys": relin, "galois_keys": galois, "galois_key": key,

@@ -22,7 +22,9 @@ def ciphertext_bytes(n: int, primes: int, polys: int = 2, framing: int = 0) -> i
     return framing + polys * poly_bytes(n, primes)
 
 
-def key_switching_key_bytes(n: int, digits: int, primes: int, digit_framing: int = 0, framing: int = 0) -> int:
-    """A key-switching key (relinearisation or Galois): a two-polynomial ciphertext over ``primes`` primes per
-    digit (each with ``digit_framing`` bytes), plus ``framing`` bytes."""
-    return framing + digits * ciphertext_bytes(n, primes, framing=digit_framing)
+def key_switching_key_bytes(n: int, digits: int, primes: int, digit_framing: int = 0, framing: int = 0,
+                            polys: int = 2) -> int:
+    """A key-switching key (relinearisation or Galois): a ciphertext of ``polys`` polynomials (one where the
+    random half travels as a seed) over ``primes`` primes per digit (each with ``digit_framing`` bytes), plus
+    ``framing`` bytes."""
+    return framing + digits * ciphertext_bytes(n, primes, polys=polys, framing=digit_framing)

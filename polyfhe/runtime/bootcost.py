@@ -1,73 +1,57 @@
-"""What one bootstrap costs on this machine: its key switches (fitted to measured bootstraps) priced at the
-bootstrapping modulus from the engine's measured operation costs. The compiler's refusals and the cost model
-both read it."""
+"""What one bootstrap costs on this machine: the engine's price in key switches (its record's ``bootstrapping``
+part, fitted to measured bootstraps) at the bootstrapping modulus, from the engine's measured operation costs.
+The compiler's refusals and the cost model both read it."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
 
-from polyfhe.program.bootparams import (
-    CIRCUIT_PRIMES,
-    BootstrapSpec,
-)
+from polyfhe.program.bootstrapping import BootstrapSpec
+from polyfhe.program.engine_api import BootstrapModel
+from polyfhe.program.engines import bootstrapping_engines, get_backend
 from polyfhe.program.params import CKKSParams
 from polyfhe.runtime.opcosts import OpCosts, OpSite
 
-__all__ = ["BOOTSTRAPPER_START_BOOTSTRAPS", "BOOTSTRAP_MEASUREMENTS", "BOOTSTRAP_PRICE_BY_RING", "bootstrap_key_switches", "bootstrap_seconds",
-           "bootstrap_site"]
-
-# Bootstrapping is priced in key switches at the bootstrapping modulus (the residual primes, the circuit's 16 and
-# the special primes), so another machine scales it by its own calibrated key-switch cost. Lattigo's bootstrap runs
-# CoeffsToSlots (4 levels) and SlotsToCoeffs (3 levels) as BSGS linear transforms, and EvalMod once per ciphertext
-# CoeffsToSlots produces (two at full slots, N/2: the real and imaginary halves; one below, where both halves share
-# a ciphertext). Measured (bench/bootstrap_slots.py, one bootstrap alone), the slots below the full ring change
-# little, and how much the full ring adds depends on the ring: N=2^12 0.35-0.36 s below it, 0.55 s at it (1.5x);
-# N=2^14 2.2-2.5 s below, 2.7-3.0 s at it (1.24x). So the price is a fixed part for the transforms and a part per
-# EvalMod ciphertext, per ring (``BOOTSTRAP_PRICE_BY_RING``, the nearest measured ring for others). Key switches
-# priced by this machine's Lattigo calibration; an otherwise idle 2-core AMD EPYC machine, Lattigo 6.2 through
-# orion-v2-evaluator 2.1.8. Each row: (log2 slots, log2 of the ring the bootstrap runs on, residual primes,
-# special primes, seconds per bootstrap, warm).
-BOOTSTRAP_MEASUREMENTS = (
-    (13, 16, 8, 8, 7.4),  # width-32 monet_fhe_deep_bn, residual N=2^14 ring-switched to 2^16: 6 in a 50.5 s query
-    (15, 16, 12, 6, 41.0),  # one bootstrap, 11 levels at 2^40 on N=2^16: 39-43 s on one core
-    (12, 14, 8, 6, 2.3),  # N=2^14, [60, 40 x 7, 60], bootstrapping on its own ring (docs/results/issue37)
-    (13, 14, 8, 6, 2.85),
-    (8, 12, 4, 6, 0.35),  # N=2^12, [60, 40 x 3, 60], its own ring
-    (10, 12, 4, 6, 0.36),
-    (11, 12, 4, 6, 0.55),
-)
-# log2 ring -> (key switches of the transforms, key switches per EvalMod ciphertext): N=2^12 and 2^14 reproduce
-# their sparse and full-ring points; N=2^16's two points (one a ring-switched bootstrap) disagree on the share, so
-# it is EvalMod alone at the geometric middle of both: within 1.45x of each.
-BOOTSTRAP_PRICE_BY_RING = {12: (21.0, 25.7), 14: (41.7, 13.1), 16: (0.0, 59.4)}
-# The first bootstrap of a process also encodes the bootstrapper's own transforms: measured 2.4-3.6 s more at
-# N=2^14 (2^12 and 2^13 slots), 0.1-0.5 s at N=2^12; priced as one bootstrap more, on the cold query only.
-BOOTSTRAPPER_START_BOOTSTRAPS = 1.0
+__all__ = ["bootstrap_model", "bootstrap_seconds", "bootstrap_site", "server_peak_bytes"]
 
 
-def bootstrap_key_switches(log_slots: int, logn: int = 16) -> float:
-    """Key switches one bootstrap costs (fitted to :data:`BOOTSTRAP_MEASUREMENTS`): the transforms, and EvalMod
-    per ciphertext (two when the slots fill the ring), as measured on the nearest ring."""
-    ring = min(BOOTSTRAP_PRICE_BY_RING, key=lambda r: (abs(r - logn), -r))
-    transforms, evalmod = BOOTSTRAP_PRICE_BY_RING[ring]
-    ciphertexts = 2 if log_slots >= logn - 1 else 1
-    return transforms + evalmod * ciphertexts
+def bootstrap_model(engine: str | None = None) -> BootstrapModel:
+    """The bootstrapping part of ``engine``'s record (None: of the one engine that bootstraps); a ``ValueError``
+    for an engine that cannot bootstrap, or when None leaves the choice open."""
+    if engine is None:
+        able = bootstrapping_engines()
+        if len(able) != 1:
+            raise ValueError(f"name the bootstrapping engine: {able or 'none'} bootstrap")
+        engine = able[0]
+    model = get_backend(engine).bootstrapping
+    if model is None:
+        raise ValueError(f"backend {engine!r} does not bootstrap")
+    return model
 
 
-def bootstrap_site(residual_primes: int, special: int, logn: int = 16) -> OpSite:
+def server_peak_bytes(plaintext_bytes: int, bootstrap_keys: int, galois_keys: int,
+                      engine: str | None = None) -> tuple[int, int]:
+    """(while loading the keys, while serving): the resident bytes of a bootstrapping server of ``engine`` (None:
+    the one engine that bootstraps) holding these plaintexts and keys, as its engine models them."""
+    return bootstrap_model(engine).server_peak_bytes(plaintext_bytes, bootstrap_keys, galois_keys)
+
+
+def bootstrap_site(residual_primes: int, special: int, logn: int, circuit_primes: int) -> OpSite:
     """A key switch at the bootstrapping modulus: residual and circuit primes, ``special`` special primes."""
-    primes = residual_primes + CIRCUIT_PRIMES
+    primes = residual_primes + circuit_primes
     return OpSite("rotation", 1 << logn, primes, math.ceil(primes / special), special)
 
 
 def bootstrap_seconds(costs: OpCosts, spec: dict | None, params: CKKSParams) -> float:
-    """One bootstrap of ``spec``'s slots on this machine: its key switches at the bootstrapping modulus."""
+    """One bootstrap of ``spec``'s slots on this machine: its key switches at the bootstrapping modulus, as the
+    engine the costs were measured on prices them."""
     if spec is None:
         return 0.0
+    model = bootstrap_model(costs.engine)
     boot = BootstrapSpec.from_dict(spec)
-    site = bootstrap_site(len(params.coeff_mod_bits) - 1, len(boot.logp), boot.logn)
+    site = bootstrap_site(len(params.coeff_mod_bits) - 1, len(boot.logp), boot.logn, model.circuit_primes)
     # Lattigo's probes run rotations and hoisted rotations together, so the fit may put a key switch's whole
     # cost on either op (the other's constants then are zero): a key switch costs the larger of the two
     per_switch = max(costs.seconds({site: 1.0}), costs.seconds({replace(site, op="hoisted_rotation"): 1.0}))
-    return bootstrap_key_switches(boot.log_slots, boot.logn) * per_switch
+    return model.key_switches(boot.log_slots, boot.logn) * per_switch

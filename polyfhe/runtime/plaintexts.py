@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from polyfhe.procinfo import available_memory
-from polyfhe.program.bootparams import machine_memory_budget
+from polyfhe.program.machine import machine_memory_budget
 
 __all__ = ["DEFAULT_PLAINTEXT_BYTES", "PlaintextKey", "PlaintextStore", "StoreStats", "plaintext_cost", "store_with_budget"]
 

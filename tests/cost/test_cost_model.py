@@ -304,7 +304,8 @@ def test_estimated_workload_grows_with_the_input(seeded_cache):
 # bootstrapping and Lattigo's load-time encodes
 # ------------------------------------------------------------------------------------------------------------
 def test_bootstrap_price_grows_with_slots_and_fits_its_measurements():
-    from polyfhe.cost.model import BOOTSTRAP_MEASUREMENTS, bootstrap_key_switches, bootstrap_seconds
+    from polyfhe.cost.model import bootstrap_seconds
+    from polyfhe.engines.lattigo.bootprice import BOOTSTRAP_MEASUREMENTS, bootstrap_key_switches
 
     for logn in (12, 14, 16):
         switches = [bootstrap_key_switches(s, logn) for s in range(4, logn)]
@@ -321,7 +322,7 @@ def test_bootstrap_price_grows_with_slots_and_fits_its_measurements():
 
 
 def test_a_cold_bootstrapped_query_pays_the_bootstrappers_start():
-    from polyfhe.cost.model import BOOTSTRAPPER_START_BOOTSTRAPS
+    from polyfhe.engines.lattigo.bootprice import BOOTSTRAPPER_START_BOOTSTRAPS
 
     costs = _costs("lattigo")
     work = _small_workload("lattigo", 4, bootstraps=3, boot_spec={"logn": 14, "logp": [61] * 6, "log_slots": 12})

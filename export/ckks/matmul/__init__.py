@@ -22,7 +22,6 @@ from polyfhe.exporters.ckks.matmul.algorithms import ALGORITHMS, algorithm_names
 from polyfhe.exporters.ckks.matmul.associate import reassociate
 from polyfhe.exporters.ckks.matmul.rewrite import Expansion
 from polyfhe.exporters.ckks.matmul.space import MatMulShape, matmul_index_maps
-from polyfhe.program.bootparams import BOOTSTRAP_RING
 from polyfhe.program.params import RING_SIZES, CKKSParams, ParameterError, choose_params
 
 __all__ = ["ALGORITHMS", "algorithm_names", "expand_matmuls", "matmul_index_maps", "slots_available"]
@@ -33,11 +32,12 @@ PREFERRED_RING = 16384
 PREFERRED_SLOTS = 8192  # N=16384: the ring most single-layout programs get; larger registers force N=32768
 
 
-def slots_available(params: CKKSParams | None, poly_modulus_degree: int | None, bootstrap: bool) -> int:
-    """The most slots the program may get: the caller's ring, else the largest leveled (or bootstrapping) one."""
+def slots_available(params: CKKSParams | None, poly_modulus_degree: int | None, bootstrap_ring: int | None) -> int:
+    """The most slots the program may get: the caller's ring, else the largest leveled one, or the engine's
+    bootstrapping ring (``bootstrap_ring``, where the program may bootstrap)."""
     if params is not None:
         return int(params.slots)
-    return (poly_modulus_degree or (BOOTSTRAP_RING if bootstrap else max(RING_SIZES))) // 2
+    return (poly_modulus_degree or (bootstrap_ring if bootstrap_ring else max(RING_SIZES))) // 2
 
 
 def register_slots(circuit: Circuit, slots: int) -> int:

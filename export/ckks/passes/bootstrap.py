@@ -24,9 +24,8 @@ from polyfhe.exporters.ckks.pack import PackRules, by_level, mask_producers, ret
 from polyfhe.exporters.ckks.passes import Pass
 from polyfhe.exporters.ckks.passes.ranges import calibration_samples
 from polyfhe.exporters.ckks.state import CKKSExportError, CompileState
-from polyfhe.program.bootparams import bootstrap_key_bytes, bootstrap_modulus_bits, check_bootstrap_security
+from polyfhe.program.engine_api import BootstrapModel
 from polyfhe.program.manifest import ProgramManifest
-from polyfhe.runtime.bootcost import bootstrap_key_switches
 from polyfhe.runtime.program import CKKSProgram
 
 __all__ = ["BOOTSTRAP_CALIBRATION_SAMPLES", "PASS", "bootstrap_price", "program_manifest"]
@@ -36,10 +35,10 @@ log = logging.getLogger(__name__)
 BOOTSTRAP_CALIBRATION_SAMPLES = 32  # plain runs that set the bootstraps' input ranges
 
 
-def bootstrap_price(slots: int, logn: int) -> float:
-    """What one bootstrap of ``slots`` real slots costs on ring ``2^logn``, in key switches (the cost model's
-    price; only its ratio between widths matters to the placement)."""
-    return bootstrap_key_switches(int(math.log2(slots)), logn)
+def bootstrap_price(model: BootstrapModel, slots: int, logn: int) -> float:
+    """What one bootstrap of ``slots`` real slots costs on ring ``2^logn``, in key switches (the engine's price,
+    as the cost model reads it; only its ratio between widths matters to the placement)."""
+    return model.key_switches(int(math.log2(slots)), logn)
 
 
 def program_manifest(state: CompileState, layout: str, input_range: tuple, info: dict) -> ProgramManifest:
@@ -58,6 +57,7 @@ def program_manifest(state: CompileState, layout: str, input_range: tuple, info:
 
 def _insert(state: CompileState) -> None:
     plan, circuit, params, max_abs = state.plan, state.circuit, state.params, state.ranges.max_abs
+    model = state.bootstrapping
     lanes = int(plan.stats.get("samples_per_ciphertext", 1))
     input_period = int(plan.stats.get("input_period", params.slots // lanes))
     sizes = {name: len(arr) for name, arr in plan.arrays.items()}
@@ -70,7 +70,8 @@ def _insert(state: CompileState) -> None:
             return rules.packable(cut, regs, width // lanes, periods)
     placed = place_sized_bootstraps(plan.steps, circuit.output, circuit.depth, params.levels, sizes=sizes,
                                     input_period=input_period, lanes=lanes, max_slots=params.slots,
-                                    price=lambda width: bootstrap_price(width, state.boot_spec.logn), packs=packs)
+                                    price=lambda width: bootstrap_price(model, width, state.boot_spec.logn),
+                                    packs=packs)
     width = refresh_slots(plan.steps, placed, input_period, lanes, params.slots)
     spec = replace(state.boot_spec, log_slots=int(math.log2(width)))
     refreshed = {r for regs in placed.refreshed for r in regs}
@@ -92,11 +93,11 @@ def _insert(state: CompileState) -> None:
     used = {name for step in steps for name in step.array_names()}
     replaced = {name for step in plan.steps for name in step.array_names()} - used  # masked or retargeted away
     arrays = {name: arr for name, arr in arrays.items() if name not in replaced}
-    # the real log QP (every Q and P prime as Lattigo generates them), not the planned bit sizes chains are made with
+    # the real log QP (every Q and P prime as the engine generates them), not the planned bit sizes chains are made with
     state.boot_info = {
         **placed.to_info(), "spec": spec.to_dict(), "slots": width,
-        "modulus_bits": round(check_bootstrap_security(params, spec).log_qp, 3),
-        "planned_modulus_bits": bootstrap_modulus_bits(params, spec), "key_bytes": bootstrap_key_bytes(params, spec)}
+        "modulus_bits": round(model.security(params, spec).log_qp, 3),
+        "planned_modulus_bits": model.modulus_bits(params, spec), "key_bytes": model.key_bytes(params, spec)}
     log.info("bootstrapping: %d bootstrap(s) of %d slots after levels %s (%d levels needed, %d per segment; "
              "%d cut(s) packed)", placed.count, width, list(placed.cuts), circuit.depth, params.levels, len(groups))
     stats = dict(plan.stats)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from polyfhe.exporters.ckks.counters import plan_counters
 from polyfhe.exporters.ckks.passes import Pass
 from polyfhe.exporters.ckks.state import CompileState
-from polyfhe.program.bootparams import server_peak_bytes
 from polyfhe.program.params import estimated_sizes
+from polyfhe.runtime.bootcost import server_peak_bytes
 
 __all__ = ["PASS", "server_peak"]
 

@@ -18,9 +18,10 @@ def run(state: CompileState) -> None:
     if not state.single:
         return
     options = state.options
+    boot_ring = state.bootstrapping.ring if state.may_bootstrap else None
     try:
         state.circuit = expand_matmuls(state.circuit, slots_available(options.params, options.poly_modulus_degree,
-                                                                      state.may_bootstrap),
+                                                                      boot_ring),
                                        max_registers=state.engine.matmul_registers, engine=options.backend)
     except LoweringError as exc:
         raise CKKSExportError(f"{state.name}: {exc}") from exc

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from polyfhe.exporters.ckks.passes import Pass
 from polyfhe.exporters.ckks.state import CKKSExportError, CompileState
-from polyfhe.program.bootparams import (
-    BootstrapSpec,
-    choose_bootstrap_params,
-    default_spec,
-    machine_memory_budget,
-)
+from polyfhe.program.bootstrapping import BootstrapSpec
+from polyfhe.program.engine_api import BootstrapModel
+from polyfhe.program.engines import bootstrapping_engines
+from polyfhe.program.machine import machine_memory_budget
 from polyfhe.program.params import CKKSParams, ParameterError, choose_params, largest_value, validate
+from polyfhe.program.sizes import ciphertext_bytes
 
 __all__ = ["PASS"]
 
@@ -24,21 +23,23 @@ __all__ = ["PASS"]
 def bootstrap_hint(state: CompileState) -> str:
     """What would run a circuit too deep for every leveled ring (appended to the refusal)."""
     if not state.engine.bootstraps or state.options.bootstrap != "auto":
-        return "; backend='lattigo' with bootstrap='auto' (single layout) runs deeper circuits by bootstrapping"
+        able = " or ".join(f"backend={name!r}" for name in bootstrapping_engines())
+        return f"; {able} with bootstrap='auto' (single layout) runs deeper circuits by bootstrapping"
     return "" if state.single else "; bootstrapping needs layout='single'"
 
 
-def choose_bootstrap(depth: int, slots_needed: int, scale_bits: int | None, memory_bytes: int | None,
-                     machine_default: bool) -> tuple[CKKSParams, BootstrapSpec]:
-    """:func:`choose_bootstrap_params`; a refusal for memory alone also says which setting plans for a larger
-    machine (the bootstrapping keys are made where the client runs, so the budget is that machine's)."""
+def choose_bootstrap(model: BootstrapModel, depth: int, slots_needed: int, scale_bits: int | None,
+                     memory_bytes: int | None, machine_default: bool) -> tuple[CKKSParams, BootstrapSpec]:
+    """The engine's cheapest residual chain (``model.choose``); a refusal for memory alone also says which setting
+    plans for a larger machine (the bootstrapping keys are made where the client runs, so the budget is that
+    machine's)."""
     try:
-        return choose_bootstrap_params(depth, slots_needed, scale_bits=scale_bits, memory_bytes=memory_bytes)
+        return model.choose(depth, slots_needed, scale_bits=scale_bits, memory_bytes=memory_bytes)
     except ParameterError as exc:
         if memory_bytes is None:
             raise
         try:  # would it fit without the budget? then memory is what refused it
-            choose_bootstrap_params(depth, slots_needed, scale_bits=scale_bits, memory_bytes=None)
+            model.choose(depth, slots_needed, scale_bits=scale_bits, memory_bytes=None)
         except ParameterError:
             raise exc from None
         whose = "75% of this machine's memory (the default)" if machine_default else "the bootstrap_memory given"
@@ -53,7 +54,7 @@ def _choose(state: CompileState, slots_needed: int) -> None:
     boot = (depth, slots_needed, options.scale_bits, state.boot_memory, options.bootstrap_memory is None)
     params = options.params
     if params is None and state.force_bootstrap:
-        params, state.boot_spec = choose_bootstrap(*boot)
+        params, state.boot_spec = choose_bootstrap(state.bootstrapping, *boot)
     elif params is None:
         state.leveled_auto = True
         try:
@@ -64,7 +65,7 @@ def _choose(state: CompileState, slots_needed: int) -> None:
             if not state.may_bootstrap:
                 raise ParameterError(f"{exc}{bootstrap_hint(state)}") from exc
             state.leveled_auto = False
-            params, state.boot_spec = choose_bootstrap(*boot)
+            params, state.boot_spec = choose_bootstrap(state.bootstrapping, *boot)
     state.params = validate(params, allow_insecure=options.allow_insecure)
 
 
@@ -78,7 +79,7 @@ def _check(state: CompileState, slots_needed: int) -> None:
         raise CKKSExportError(f"{name} needs {slots_needed} slots; {params.describe()} has {params.slots}")
     budget = state.options.batch_memory_budget
     if not state.single:
-        ct_bytes = 2 * params.poly_modulus_degree * (params.levels + 1) * 8
+        ct_bytes = ciphertext_bytes(params.poly_modulus_degree, params.levels + 1)
         live = 3 * circuit.max_size() * ct_bytes
         if live > budget:
             raise CKKSExportError(
@@ -103,7 +104,8 @@ def run(state: CompileState) -> None:
     except ParameterError as exc:
         raise CKKSExportError(str(exc)) from exc
     if state.params.levels < state.circuit.depth and state.may_bootstrap and state.boot_spec is None:
-        state.boot_spec = default_spec(state.params, slots_needed)  # the caller's ring as the residual chain
+        # the caller's ring as the residual chain
+        state.boot_spec = state.bootstrapping.default_spec(state.params, slots_needed)
     _check(state, slots_needed)
 
 

@@ -13,8 +13,9 @@ from polyfhe.exporters.ckks.circuit import Circuit
 from polyfhe.exporters.ckks.passes import Pass
 from polyfhe.exporters.ckks.plan import max_samples_per_ciphertext, plan_batch, plan_single
 from polyfhe.exporters.ckks.state import CKKSExportError, CompileState
-from polyfhe.program.bootparams import BootstrapSpec, max_refresh_log_slots
-from polyfhe.program.params import CKKSParams, seeded_sizes
+from polyfhe.program.bootstrapping import BootstrapSpec
+from polyfhe.program.engine_api import Backend, BootstrapModel
+from polyfhe.program.params import CKKSParams, estimated_sizes, seeded_sizes
 
 __all__ = ["PASS", "RESCALE_GIANTS_MIN_SCALE_BITS", "galois_key_bytes"]
 
@@ -25,13 +26,16 @@ log = logging.getLogger(__name__)
 RESCALE_GIANTS_MIN_SCALE_BITS = 35
 
 
-def galois_key_bytes(params: CKKSParams) -> int:
-    """Serialized size of one Galois key (zstd-compressed, as SEAL writes it)."""
-    primes = len(params.coeff_mod_bits)
-    return int(2 * params.poly_modulus_degree * 8 * (primes - 1) * primes * 0.75)
+def galois_key_bytes(engine: Backend, params: CKKSParams) -> int:
+    """Bytes of one Galois key as ``engine``'s client serialises it (its record's ``galois_key_bytes``), else
+    uncompressed: what the Galois key budget counts."""
+    if engine.galois_key_bytes is not None:
+        return int(engine.galois_key_bytes(params))
+    return estimated_sizes(params, 1)["galois_keys"]
 
 
-def bootstrap_lanes(circuit: Circuit, params: CKKSParams, spec: BootstrapSpec, memory_bytes: int | None) -> int:
+def bootstrap_lanes(model: BootstrapModel, circuit: Circuit, params: CKKSParams, spec: BootstrapSpec,
+                    memory_bytes: int | None) -> int:
     """Samples per ciphertext for a bootstrapped program: as many as fit the slots, but no more than keep the
     (wider) bootstrap's key generation within ``memory_bytes``; more lanes refresh more slots per bootstrap."""
     try:
@@ -39,7 +43,7 @@ def bootstrap_lanes(circuit: Circuit, params: CKKSParams, spec: BootstrapSpec, m
     except LoweringError as exc:
         raise CKKSExportError(str(exc)) from exc
     widest = params.slots // most
-    cap = max(1, (1 << max_refresh_log_slots(params, spec, memory_bytes)) // widest)
+    cap = max(1, (1 << model.max_refresh_log_slots(params, spec, memory_bytes)) // widest)
     if cap < most:
         log.info("bootstrapping: %d sample(s) per ciphertext instead of %d, so that the bootstrapping keys "
                  "fit the memory budget", cap, most)
@@ -60,9 +64,10 @@ def run(state: CompileState) -> None:
     options, params, circuit = state.options, state.params, state.circuit
     lanes = options.samples_per_ciphertext
     if state.boot_spec is not None and state.single and lanes is None:
-        lanes = bootstrap_lanes(circuit, params, state.boot_spec, state.boot_memory)
+        lanes = bootstrap_lanes(state.bootstrapping, circuit, params, state.boot_spec, state.boot_memory)
     try:
-        max_keys = (max(2 * params.slots.bit_length(), options.galois_key_budget // galois_key_bytes(params))
+        max_keys = (max(2 * params.slots.bit_length(),
+                        options.galois_key_budget // galois_key_bytes(state.engine, params))
                     if state.engine.composes_rotations else None)
         if options.upload_budget is not None and max_keys is not None:
             max_keys = min(max_keys, browser_key_allowance(params, options.upload_budget))

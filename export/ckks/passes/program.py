@@ -14,7 +14,6 @@ from polyfhe.exporters.ckks.passes import Pass
 from polyfhe.exporters.ckks.passes.bootstrap import program_manifest
 from polyfhe.exporters.ckks.passes.ranges import calibration_samples
 from polyfhe.exporters.ckks.state import BootstrapInstead, CKKSExportError, CompileState
-from polyfhe.program.bootparams import BOOTSTRAP_RING
 from polyfhe.program.engines import KeySetTooLarge
 from polyfhe.program.params import ParameterError
 from polyfhe.runtime.program import CKKSProgram
@@ -58,9 +57,10 @@ def run(state: CompileState) -> None:
         refusal = f"{name} on backend {backend!r}: {exc}"
         if not (state.leveled_auto and state.may_bootstrap):
             raise CKKSExportError(refusal) from exc
+        ring = state.bootstrapping.ring
         raise BootstrapInstead(
             f"{name}: {exc}; compiling with bootstrapping instead, on a residual chain of the bootstrapping ring "
-            f"N={BOOTSTRAP_RING} itself (fewer levels, so smaller keys; 128-bit bootstrapping switches no rings)",
+            f"N={ring} itself (fewer levels, so smaller keys; 128-bit bootstrapping switches no rings)",
             refusal) from exc
     except (ParameterError, ValueError) as exc:
         raise CKKSExportError(f"{name} on backend {backend!r}: {exc}") from exc

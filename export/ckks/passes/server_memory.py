@@ -17,15 +17,16 @@ from polyfhe.program.params import CKKSParams
 __all__ = ["PASS"]
 
 
-def _bootstrap_time(boot_info: dict, params: CKKSParams) -> str:
-    """What the bootstraps alone would take per query, from this machine's cached Lattigo calibration (never
-    calibrated here: a refusal should be quick); without one, where to get the prediction."""
+def _bootstrap_time(engine: str, boot_info: dict, params: CKKSParams) -> str:
+    """What the bootstraps alone would take per query, from this machine's cached calibration of ``engine``, the
+    engine that will run the program (never calibrated here: a refusal should be quick); without one, where to get
+    the prediction."""
     from polyfhe.runtime.bootcost import bootstrap_seconds
     from polyfhe.runtime.opcosts import read_cached
 
-    costs = read_cached("lattigo")
+    costs = read_cached(engine)
     if costs is None:
-        return "; `polyfhe cost MODEL --backend lattigo` predicts its latency"
+        return f"; `polyfhe cost MODEL --backend {engine}` predicts its latency"
     seconds = boot_info["count"] * bootstrap_seconds(costs, boot_info["spec"], params)
     return f"; its {boot_info['count']} bootstraps alone would take about {seconds:.0f} s per query on this machine"
 
@@ -33,6 +34,7 @@ def _bootstrap_time(boot_info: dict, params: CKKSParams) -> str:
 def _refusal(state: CompileState, tried: str) -> str:
     """Why a bootstrapped program's server would not fit the budget: the numbers, and what would."""
     planned, boot_info, peak, budget = state.planned, state.boot_info, state.server_peak, state.boot_memory
+    timing = _bootstrap_time(state.options.backend, boot_info, state.params)
     return (
         f"{state.name}: its server would peak near {peak['peak_bytes'] / 1e9:.1f} GB "
         f"({peak['plaintext_bytes'] / 1e9:.1f} GB of plaintexts for {planned.get('plain_products', '?')} diagonals, "
@@ -41,7 +43,7 @@ def _refusal(state: CompileState, tried: str) -> str:
         f"{peak['loading_bytes'] / 1e9:.1f} GB while loading the keys, {peak['serving_bytes'] / 1e9:.1f} GB "
         f"serving){tried}, over the {budget / 1e9:.1f} GB memory budget. What would fit: a narrower model (fewer "
         "channels: fewer diagonals and fewer slots per bootstrap), or a machine with more memory "
-        f"(bootstrap_memory= / --bootstrap-memory to plan for it){_bootstrap_time(boot_info, state.params)}")
+        f"(bootstrap_memory= / --bootstrap-memory to plan for it){timing}")
 
 
 def run(state: CompileState) -> None:

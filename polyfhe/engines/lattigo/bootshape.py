@@ -169,7 +169,7 @@ def bootstrap_key_shape(lattigo_params: dict, spec: dict,
     """The exact :class:`BootKeyShape` of the bootstrapping keys the wheel generates (``BootstrapParams`` then
     ``gen_eval_keys``) for the residual parameters ``lattigo_params`` (:func:`lattigo_params`' dict: ``logn``,
     ``logq``) and the manifest's ``spec`` (``logn``, ``logp``, ``log_slots``). ``moduli``: the bootstrapping
-    parameters' (Q, P) primes (:func:`polyfhe.program.bootparams.bootstrap_moduli`), for the residue bounds; their
+    parameters' (Q, P) primes (:func:`.bootcircuit.bootstrap_moduli`), for the residue bounds; their
     counts must agree with the ones computed here."""
     log_n, log_slots = int(spec["logn"]), int(spec["log_slots"])
     residual_log_n = int(lattigo_params["logn"])
@@ -196,10 +196,11 @@ def bootstrap_key_shape(lattigo_params: dict, spec: dict,
 
 def expected_bootstrap_keys(params, spec: dict, residual_q: tuple[int, ...] | None = None) -> BootKeyShape:
     """:func:`bootstrap_key_shape` for a program's :class:`~polyfhe.program.params.CKKSParams` and manifest spec, with
-    the bootstrapping primes generated as Lattigo does (:func:`polyfhe.program.bootparams.bootstrap_moduli`) from the
+    the bootstrapping primes generated as Lattigo does (:func:`.bootcircuit.bootstrap_moduli`) from the
     residual primes the wheel holds (``residual_q``; None: generated too)."""
+    from polyfhe.engines.lattigo.bootcircuit import bootstrap_moduli
     from polyfhe.engines.lattigo.format import lattigo_params
-    from polyfhe.program.bootparams import BootstrapSpec, bootstrap_moduli
+    from polyfhe.program.bootstrapping import BootstrapSpec
 
     moduli = bootstrap_moduli(params, BootstrapSpec.from_dict(spec), residual_q)
     return bootstrap_key_shape(lattigo_params(params, spec), spec, moduli)

@@ -21,6 +21,9 @@ from dataclasses import replace
 import numpy as np
 
 from polyfhe.engines.lattigo.bootkeys import generate_in_child
+from polyfhe.engines.lattigo.bootmodel import BOOTSTRAPPING
+from polyfhe.engines.lattigo.bootparams import bootstrap_key_bytes
+from polyfhe.engines.lattigo.bootsecurity import check_bootstrap_security
 from polyfhe.engines.lattigo.bootshape import bootstrap_key_shape, expected_bootstrap_keys
 from polyfhe.engines.lattigo.format import (
     LattigoModel,
@@ -40,12 +43,8 @@ from polyfhe.engines.lattigo.keybytes import (
     check_evaluation_keys,
     evaluation_keys_bytes,
 )
-from polyfhe.program.bootparams import (
-    LATTIGO_KEY_COPIES,
-    BootstrapSpec,
-    bootstrap_key_bytes,
-    check_bootstrap_security,
-)
+from polyfhe.engines.lattigo.servermem import LATTIGO_KEY_COPIES
+from polyfhe.program.bootstrapping import BootstrapSpec
 from polyfhe.program.boundary import (
     DEFAULT_MAX_CIPHERTEXT_BYTES,
     DEFAULT_MAX_CONTEXT_BYTES,
@@ -138,7 +137,7 @@ def check_security(params, bootstrap: dict | None = None) -> None:
     """Refuse parameters past the 128-bit bound unless the program was exported with ``allow_insecure``; for a
     program that bootstraps, the bootstrapping keys' whole modulus is checked too, on the real primes: the residual
     ones as this wheel generates them, the circuit's and special ones as Lattigo adds them
-    (``fhe/bootparams.py``)."""
+    (``bootsecurity.py``)."""
     bound = MAX_BITS_128.get(params.poly_modulus_degree)
     residual_q, residual_p = lattigo_primes(params, bootstrap)
     bits = sum(math.log2(q) for q in (*residual_q, *residual_p))
@@ -555,7 +554,7 @@ RESERVE_BITS = 1
 MATMUL_REGISTERS = 1
 
 BACKEND = Backend(NAME, "Lattigo v6 (hoisted BSGS) through the orion-v2 wheels", ("single",), _available, _prepare,
-                  LattigoClient, LattigoServer, composes_rotations=False, bootstraps=True,
+                  LattigoClient, LattigoServer, composes_rotations=False, bootstrapping=BOOTSTRAPPING,
                   max_context_bytes=max_context_bytes,
                   distributions=("orion-v2-lattigo", "orion-v2-evaluator"), reserve_bits=RESERVE_BITS,
                   workload=_workload, probes=_probes, server_imports=SERVER_IMPORTS, cost=COST,

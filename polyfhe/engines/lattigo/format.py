@@ -67,7 +67,7 @@ def lattigo_params(params, bootstrap: dict | None = None) -> dict:
     Same ring and primes as the SEAL program: ``logq`` = output prime + one prime per level, ``logp`` = the
     special prime. ``h``: a fixed-weight ternary secret with two thirds of the coefficients non-zero, the weight a
     uniform ternary secret (the HE standard's model) has on average. ``bootstrap``: the manifest's bootstrapping
-    spec (:class:`~polyfhe.program.bootparams.BootstrapSpec` as a dict), for programs that bootstrap.
+    spec (:class:`~polyfhe.program.bootstrapping.BootstrapSpec` as a dict), for programs that bootstrap.
     """
     bits = list(params.coeff_mod_bits)
     n = params.poly_modulus_degree

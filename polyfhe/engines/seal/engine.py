@@ -62,6 +62,18 @@ def _context_bytes(params, galois_steps) -> int:
     return public_context_bytes(params, galois_steps)
 
 
+# a serialised Galois key's bytes after zstd, a share of its uncompressed size (what the planner's key budget counts)
+KEY_COMPRESSION = 0.75
+
+
+def _galois_key_bytes(params) -> int:
+    """Serialized size of one Galois key (zstd-compressed, as SEAL writes it)."""
+    from polyfhe.program.sizes import key_switching_key_bytes
+
+    primes = len(params.coeff_mod_bits)
+    return int(key_switching_key_bytes(params.poly_modulus_degree, primes - 1, primes) * KEY_COMPRESSION)
+
+
 def _server(program, public_context: bytes, **kwargs):
     from polyfhe.engines.seal.server import CKKSServer
 
@@ -114,4 +126,5 @@ BACKEND = Backend("seal", "Microsoft SEAL 4.x through TenSEAL's sealapi", ("sing
                   _client, _server, restore=_restore, decoded_context_bytes=_decoded_context_bytes,
                   context_bytes=_context_bytes, max_context_bytes=_max_context_bytes,
                   distributions=("tenseal",), build_notes=_build_notes, workload=_workload, probes=_probes,
-                  server_imports=SERVER_IMPORTS, cost=COST, warm_plaintexts=_warm_plaintexts)
+                  server_imports=SERVER_IMPORTS, cost=COST, warm_plaintexts=_warm_plaintexts,
+                  galois_key_bytes=_galois_key_bytes, web_client=True)

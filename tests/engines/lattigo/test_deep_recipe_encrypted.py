@@ -2,7 +2,7 @@
 bootstrapping export refused on a 24 GiB machine, and (2) run encrypted with bootstraps on Lattigo at an
 explicitly INSECURE small ring, with packed bootstraps (a cut's registers sharing one).
 
-(1) 128-bit bootstrapping runs on N=2^16 only (``fhe/bootparams.py``: ring switching from a smaller residual ring
+(1) 128-bit bootstrapping runs on N=2^16 only (``polyfhe/engines/lattigo/bootsecurity.py``: ring switching from a smaller residual ring
 puts the residual secret on the whole bootstrapping modulus, which is not 128-bit secure), and its key generation
 peaks near 24 GB or more: past the default budget of CI's 24 GiB machine (75% of its memory). The export must say
 so, with the memory it needs and the setting (``bootstrap_memory=`` / ``--bootstrap-memory``) that plans for a
@@ -27,8 +27,10 @@ import torch
 
 import polyfhe
 from polyfhe.data.sources import load_dataset
+from polyfhe.engines.lattigo.bootcircuit import BOOTSTRAP_RING
+from polyfhe.engines.lattigo.bootsecurity import check_bootstrap_security
 from polyfhe.exporters.ckks import CKKSExportError, export_ckks
-from polyfhe.program.bootparams import BOOTSTRAP_RING, BootstrapSpec, check_bootstrap_security
+from polyfhe.program.bootstrapping import BootstrapSpec
 from polyfhe.program.params import CKKSParams
 
 log = logging.getLogger(__name__)

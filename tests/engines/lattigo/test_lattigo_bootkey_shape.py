@@ -17,7 +17,7 @@ import time
 import pytest
 
 from polyfhe.engines.lattigo.bootshape import bootstrap_galois_elements, bootstrap_key_shape
-from polyfhe.program.bootparams import BootstrapSpec
+from polyfhe.program.bootstrapping import BootstrapSpec
 from polyfhe.program.params import CKKSParams
 from polyfhe.program.wire import WireError
 

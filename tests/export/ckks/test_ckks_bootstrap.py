@@ -19,6 +19,23 @@ from ckks_testlib import Square, digits, train
 from sympy import isprime as sympy_isprime
 from torch import nn
 
+from polyfhe.engines.lattigo.bootcircuit import (
+    BOOTSTRAP_RING,
+    CIRCUIT_BITS,
+    bootstrap_circuit_logq,
+    bootstrap_moduli,
+)
+from polyfhe.engines.lattigo.bootparams import (
+    KEYGEN_PEAK_FACTOR,
+    bootstrap_candidates,
+    bootstrap_key_bytes,
+    bootstrap_modulus_bits,
+    choose_bootstrap_params,
+    default_spec,
+    max_refresh_log_slots,
+    special_primes,
+)
+from polyfhe.engines.lattigo.bootsecurity import check_bootstrap_security
 from polyfhe.engines.lattigo.engine import lower
 from polyfhe.engines.lattigo.format import parse_container, run_container_plain
 from polyfhe.exporters.ckks import CKKSExportError, export_ckks
@@ -30,22 +47,7 @@ from polyfhe.exporters.ckks.bootstrap import (
     refresh_slots,
     register_periods,
 )
-from polyfhe.program.bootparams import (
-    BOOTSTRAP_RING,
-    CIRCUIT_BITS,
-    KEYGEN_PEAK_FACTOR,
-    BootstrapSpec,
-    bootstrap_candidates,
-    bootstrap_circuit_logq,
-    bootstrap_key_bytes,
-    bootstrap_moduli,
-    bootstrap_modulus_bits,
-    check_bootstrap_security,
-    choose_bootstrap_params,
-    default_spec,
-    max_refresh_log_slots,
-    special_primes,
-)
+from polyfhe.program.bootstrapping import BootstrapSpec
 from polyfhe.program.manifest import Step
 from polyfhe.program.params import MAX_BITS_128, CKKSParams, ParameterError
 from polyfhe.program.steps import Diagonals, LinearAttrs, Term
@@ -517,7 +519,7 @@ def test_the_predicted_server_peak_bounds_a_real_servers(deep_program, tmp_path)
     import subprocess
     import sys
 
-    from polyfhe.program.bootparams import GO_HEAP_GROWTH, SERVER_PROCESS_BYTES
+    from polyfhe.engines.lattigo.servermem import GO_HEAP_GROWTH, SERVER_PROCESS_BYTES
 
     _, prog = deep_program
     x = digits()[2][: prog.manifest.samples_per_ciphertext]

@@ -10,10 +10,10 @@ import torch
 from ckks_testlib import digits
 from torch import nn
 
+from polyfhe.engines.lattigo.servermem import server_peak_bytes
 from polyfhe.exporters.ckks import CKKSExportError, export_ckks, to_onnx_model
 from polyfhe.exporters.ckks.lower import lower_onnx, shift_sites
 from polyfhe.models.layers.shift import spatial_shift
-from polyfhe.program.bootparams import server_peak_bytes
 from polyfhe.program.params import CKKSParams
 from polyfhe.runtime.execute import run_plain
 
