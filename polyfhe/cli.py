@@ -1,4 +1,9 @@
-"""``polyfhe`` command line: one module per subcommand under ``polyfhe.commands``, each with ``add_parser``."""
+"""``polyfhe`` command line: one module per subcommand under ``polyfhe.commands``, each with ``add_parser``.
+
+Building the parser imports every command module, so their ``add_parser`` needs only argparse and light helpers:
+torch, onnx, numpy, rich and the engines are imported by the function that runs the command (``args.func``), and
+``--help`` answers in a fraction of a second (tests/commands/test_cli_startup.py, bench/cli_startup.py).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,9 @@ from polyfhe import __version__
 # Registry of subcommands, in the order ``polyfhe --help`` lists them.
 COMMANDS: tuple[str, ...] = ("demo", "train", "models", "check", "calibrate", "export", "run", "serve", "client",
                              "cost", "setup")
+# subcommands that never load a CKKS engine: they skip the engines' process settings (Lattigo restarts the process
+# with Go's settings); any other one, a new one included, gets them
+ENGINE_FREE_COMMANDS: frozenset[str] = frozenset({"demo", "train", "models", "check", "calibrate", "setup"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,12 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # the real command line: the engines' process settings (e.g. Go's) before any engine loads
+    parser = build_parser()
+    args = parser.parse_args(argv)  # --help, --version and usage errors exit here, before any restart
+    if argv is None and args.command not in ENGINE_FREE_COMMANDS:
+        # the real command line: the engines' process settings (e.g. Go's) before any engine loads; a restart
+        # runs this command line again from the start
         from polyfhe.program.engines import prepare_process
 
         prepare_process()
-    parser = build_parser()
-    args = parser.parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:

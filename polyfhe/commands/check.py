@@ -18,12 +18,13 @@ import logging
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from polyfhe.analysis import AnalysisReport, ModelLoadError, analyze
-from polyfhe.analysis.optable import LOWERING_ENGINES, compiler_for
-from polyfhe.analysis.registry import CKKS_COMPILER
 from polyfhe.commands.arguments import non_negative_int
+from polyfhe.program.engines import BACKEND_NAMES
+
+if TYPE_CHECKING:  # polyfhe.analysis imports onnx: the run imports it, the parser does not
+    from polyfhe.analysis import AnalysisReport
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_NOT_LOWERED", "EXIT_NOT_POLYNOMIAL", "EXIT_OK", "add_parser", "run"]
 
@@ -35,6 +36,11 @@ EXIT_BAD_INPUT = 2
 EXIT_NOT_LOWERED = 3
 
 _ZOO_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
+
+
+# --require-lowered's choices: polyfhe.analysis.optable.LOWERING_ENGINES's names (the CKKS compiler and every
+# CKKS engine), without importing the analyzer; tests/commands/test_cli_startup.py holds them equal
+LOWERING_CHOICES = tuple(sorted({"ckks", *BACKEND_NAMES}))
 
 
 class _TargetError(Exception):
@@ -54,9 +60,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--max-degree", type=non_negative_int, metavar="D", help="fail when the degree exceeds D")
     parser.add_argument("--max-depth", type=non_negative_int, metavar="L", help="fail when the ct x ct depth exceeds L")
     parser.add_argument("--max-levels", type=non_negative_int, metavar="L", help="fail when CKKS levels exceed L")
-    parser.add_argument("--require-lowered", choices=sorted(LOWERING_ENGINES), metavar="ENGINE",
+    parser.add_argument("--require-lowered", choices=LOWERING_CHOICES, metavar="ENGINE",
                         help="also fail (exit 3) when ENGINE's compiler does not lower some op "
-                             f"({', '.join(sorted(LOWERING_ENGINES))}: every CKKS engine runs the CKKS compiler)")
+                             f"({', '.join(LOWERING_CHOICES)}: every CKKS engine runs the CKKS compiler)")
     parser.add_argument("--img-size", type=int, metavar="S",
                         help="for zoo-name targets: build the model at this resolution (default: its own)")
     parser.set_defaults(func=run)
@@ -64,6 +70,10 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Analyze ``args.target`` and print the report; return the exit code."""
+    from polyfhe.analysis import ModelLoadError, analyze
+    from polyfhe.analysis.optable import compiler_for
+    from polyfhe.analysis.registry import CKKS_COMPILER
+
     as_json = bool(getattr(args, "json", False))
     target = str(args.target)
     try:

@@ -10,11 +10,13 @@ from polyfhe.commands.arguments import non_negative_float, positive_int, power_o
 __all__ = ["add_ckks_parameter_arguments", "ckks_parameter_options"]
 
 MIB = 1 << 20
+# export_ckks's default budgets (polyfhe.exporters.ckks.state), here so that the parser does not import the compiler
+# (numpy, onnx, torch); tests/commands/test_cli_startup.py holds them equal
+BATCH_MEMORY_BUDGET = 8 << 30
+GALOIS_KEY_BUDGET = 3 << 30
 
 
 def add_ckks_parameter_arguments(p: argparse.ArgumentParser) -> None:
-    from polyfhe.exporters.ckks import BATCH_MEMORY_BUDGET, GALOIS_KEY_BUDGET
-
     g = p.add_argument_group("CKKS parameters (default: the smallest 128-bit secure ones that fit the model)")
     g.add_argument("--poly-modulus-degree", type=power_of_two, metavar="N",
                    help="ring size N (N/2 slots), e.g. 8192, 16384 or 32768 for a leveled program")

@@ -16,12 +16,13 @@ import json
 import sys
 import time
 from pathlib import Path
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from polyfhe.commands.arguments import positive_int
 from polyfhe.program.engines import BACKEND_NAMES, DEFAULT_BACKEND
+
+if TYPE_CHECKING:  # rich is imported by the run, not by the parser
+    from rich.table import Table
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -53,6 +54,8 @@ def _seconds(value: float) -> str:
 
 
 def render(report) -> Table:
+    from rich.table import Table
+
     p = report.prediction
     table = Table(title=f"predicted cost: {report.name} at {report.img_size}x{report.img_size} on {p.engine}")
     table.add_column("", style="bold")
@@ -147,6 +150,8 @@ def _report(args: argparse.Namespace, machine: int, progress: _StageLine):
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from polyfhe.cost.model import calibrated_costs
     from polyfhe.program.engines import BackendUnavailable
     from polyfhe.program.params import ParameterError

@@ -12,15 +12,15 @@ import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:  # the parser loads without numpy, rich, torch or onnx: they are imported where they are used
+    import numpy as np
+    from rich.console import Console
+    from rich.table import Table
 
-from polyfhe.analysis import AnalysisReport
-from polyfhe.data.sources import ImageDataset, load_default_dataset, open_dataset
-from polyfhe.ort_providers import inference_session
+    from polyfhe.analysis import AnalysisReport
+    from polyfhe.data.sources import ImageDataset
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def load_data(source: str | None) -> ImageDataset:
+    from polyfhe.data.sources import load_default_dataset, open_dataset
+
     return open_dataset(source) if source else load_default_dataset()
 
 
 def torch_accuracy(model: Any, x: np.ndarray, y: np.ndarray, batch: int = 1000) -> float:
+    import numpy as np
     import torch
 
     with torch.no_grad():
@@ -72,6 +75,10 @@ def torch_accuracy(model: Any, x: np.ndarray, y: np.ndarray, batch: int = 1000) 
 
 def onnx_accuracy(path: Path, x: np.ndarray, y: np.ndarray, batch: int = 1000) -> float:
     """Top-1 accuracy of an exported ONNX model under onnxruntime (CUDA when onnxruntime-gpu offers it)."""
+    import numpy as np
+
+    from polyfhe.ort_providers import inference_session
+
     session = inference_session(path)
     name = session.get_inputs()[0].name
     correct = 0
@@ -82,6 +89,8 @@ def onnx_accuracy(path: Path, x: np.ndarray, y: np.ndarray, batch: int = 1000) -
 
 
 def depth_table(report: AnalysisReport) -> Table:
+    from rich.table import Table
+
     table = Table(title="degree analysis of the folded ONNX graph", show_header=False)
     for key, value in (
         ("polynomial (add/mul only)", report.polynomial), ("degree", report.degree),
@@ -116,7 +125,9 @@ def _save_calibrated(model: Any, result: Any, calibration: Any, folder: Path) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
     import torch
+    from rich.console import Console
 
     from polyfhe.calibration import calibrate
     from polyfhe.exporters.onnx import export_onnx
@@ -194,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
 def serve_commands(console: Console, out_dir: Path, checkpoint: Path, name: str, calib_x: np.ndarray,
                    sample: np.ndarray, card: dict) -> None:
     """Print how to serve this run encrypted; writes the small files those commands use (images in [0, 1])."""
+    import numpy as np
+
     programs = out_dir / "programs"
     (programs / name).mkdir(parents=True, exist_ok=True)
     (programs / name / "card.json").write_text(json.dumps(card) + "\n")  # accuracy shown by the web page

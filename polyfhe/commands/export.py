@@ -16,9 +16,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from polyfhe.commands.arguments import (
     add_threads_argument,
@@ -29,6 +27,9 @@ from polyfhe.commands.arguments import (
 )
 from polyfhe.commands.ckks_options import add_ckks_parameter_arguments, ckks_parameter_options
 from polyfhe.commands.errors import ExportInputError
+
+if TYPE_CHECKING:  # numpy is imported by the functions that read arrays, not by the parser
+    import numpy as np
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_NOT_EXPORTABLE", "ExportInputError", "add_parser", "load_calibration",
            "read_array", "resolve_model", "run"]
@@ -203,6 +204,8 @@ def _input_shape(model: Any) -> tuple[int, ...] | None:
 
 def read_array(path: Path) -> np.ndarray:
     """An .npy array, or array ``x`` (or the only array) of an .npz; never unpickles."""
+    import numpy as np
+
     data = np.load(path, allow_pickle=False)
     if isinstance(data, np.ndarray):
         return data
@@ -214,6 +217,8 @@ def read_array(path: Path) -> np.ndarray:
 
 def load_calibration(spec: str, samples: int) -> np.ndarray:
     """First ``samples`` images of a dataset (train split) or of an .npy/.npz file, as float32."""
+    import numpy as np
+
     path = Path(spec).expanduser()
     if path.suffix.lower() in (".npy", ".npz"):
         if not path.is_file():
@@ -238,6 +243,8 @@ def load_calibration(spec: str, samples: int) -> np.ndarray:
 def _calibration_for(args: argparse.Namespace, shape: tuple[int, ...] | None,
                      needs_data: bool) -> np.ndarray | None:
     """The calibration images reshaped to ``shape``; an untrained model needs them for its BatchNorm."""
+    import numpy as np
+
     spec = args.calibration
     if spec is None:
         spec = DEFAULT_CALIBRATION.get(tuple(shape or ()))

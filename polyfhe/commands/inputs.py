@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # imported by the readers: `polyfhe run --help` loads this module without numpy
+    import numpy as np
 
 __all__ = ["READERS", "RunInputError", "read_input"]
 
@@ -22,10 +23,14 @@ class RunInputError(ValueError):
 
 
 def _read_npy(path: Path, manifest: Any) -> np.ndarray:
+    import numpy as np
+
     return _fit(np.load(path, allow_pickle=False), manifest, path, all_samples=True)
 
 
 def _read_npz(path: Path, manifest: Any) -> np.ndarray:
+    import numpy as np
+
     with np.load(path, allow_pickle=False) as data:
         if "x" not in data.files:
             raise RunInputError(f"{path} holds arrays {data.files}; expected one named 'x'")
@@ -34,6 +39,7 @@ def _read_npz(path: Path, manifest: Any) -> np.ndarray:
 
 
 def _read_image(path: Path, manifest: Any) -> np.ndarray:
+    import numpy as np
     from PIL import Image, UnidentifiedImageError
 
     c, h, w = _chw(manifest)
@@ -57,12 +63,16 @@ READERS: dict[str, Callable[[Path, Any], np.ndarray]] = {
 
 
 def _chw(manifest: Any) -> tuple[int, ...]:
+    import numpy as np
+
     shape = tuple(manifest.input_shape[1:])
     return shape if len(shape) == 3 else (1, 1, int(np.prod(shape)))
 
 
 def _fit(x: np.ndarray, manifest: Any, path: Path, all_samples: bool) -> np.ndarray:
     """Reshape to (samples, *input_shape[1:]): one sample, or a stack of any number."""
+    import numpy as np
+
     shape = tuple(manifest.input_shape[1:])
     x = np.asarray(x)
     if x.dtype.kind not in "fiub":

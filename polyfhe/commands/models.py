@@ -12,11 +12,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-from rich.console import Console
-
 from polyfhe.commands.progress import progress_bar
-from polyfhe.commands.render import zoo_table
-from polyfhe.zoo import zoo_rows
 
 T = TypeVar("T")
 
@@ -42,6 +38,11 @@ def bar_progress(items: Iterable[T], desc: str, total: int) -> Iterator[T]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from polyfhe.commands.render import zoo_table
+    from polyfhe.zoo import zoo_rows  # torch: imported by the run, not by the parser
+
     rows = zoo_rows(args.pattern, with_macs=not args.no_macs, with_analyzer=args.analyze and not args.no_analyze,
                     progress=bar_progress)
     if not rows:

@@ -41,15 +41,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from polyfhe.commands.arguments import add_threads_argument, apply_threads, non_negative_float
 from polyfhe.commands.inputs import READERS, RunInputError, read_input
 from polyfhe.commands.render import MIB, render_run_result
 from polyfhe.runtime.plaintexts import DEFAULT_PLAINTEXT_BYTES
-from polyfhe.runtime.roundtrip import add_counts, timed_round_trip
+
+if TYPE_CHECKING:  # numpy is imported by the run, not by the parser
+    import numpy as np
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_DISAGREES", "READERS", "RunInputError", "add_parser", "read_input", "run"]
 
@@ -165,6 +165,8 @@ def encrypted_run(program: Any, x: np.ndarray, plaintext_cache_bytes: int | None
     ``tolerance_enforced`` (false for a program that bootstraps: see :func:`polyfhe.program.noise.tolerance_for`).
     ``plaintext_cache_bytes``: budget of the program's plaintext store (``None``: the default, half of the machine's memory).
     ``client``: keys restored elsewhere (``None``: made here). ``progress``: bars on stderr when it is a terminal."""
+    import numpy as np
+
     from polyfhe.commands.progress import progress_bar
     from polyfhe.program.boundary import split_queries
     from polyfhe.program.noise import tolerance_for
@@ -208,6 +210,7 @@ def _round_trips(program: Any, client: Any, server: Any, chunks: list[np.ndarray
     steps (an engine that runs the program in one call, Lattigo, fills it at the end of each query)."""
     from polyfhe.commands.progress import progress_bar
     from polyfhe.runtime.execute import observe_steps
+    from polyfhe.runtime.roundtrip import add_counts, timed_round_trip
 
     steps = len(program.manifest.steps)
     trips, counts = [], {}

@@ -16,22 +16,27 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
-from polyfhe.training.checkpoint import CheckpointError
-from polyfhe.training.config import AMP_MODES, TrainConfig
-from polyfhe.training.data import AUGMENTATIONS
-from polyfhe.training.recipe import OPTIMIZERS
+if TYPE_CHECKING:  # polyfhe.training imports torch: only the run imports it, never the parser
+    from rich.console import Console
+    from rich.table import Table
 
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
 
-_DEFAULTS = {f.name: f.default for f in fields(TrainConfig)}
+# What the parser shows, without importing polyfhe.training (it imports torch, seconds for every --help):
+# TrainConfig's defaults and the names of its optimizers, amp modes and augmentations, sorted.
+# tests/commands/test_cli_startup.py holds them equal to polyfhe.training's.
+OPTIMIZER_NAMES = ("adamw", "lamb", "sgd")
+AMP_MODES = ("auto", "bf16", "off")
+AUGMENTATION_NAMES = ("flip", "flip-shift", "none", "shift")
+_DEFAULTS: dict[str, Any] = {
+    "batch_size": 128, "eval_batch_size": 512, "lr": 1e-3, "min_lr": 1e-6, "weight_decay": 0.05,
+    "warmup_epochs": 1.0, "label_smoothing": 0.1, "mixup": 0.0, "cutmix": 0.0, "mix_prob": 1.0, "ema_decay": 0.0,
+    "drop_path": 0.0, "drop_rate": 0.0, "rampout": 0, "grad_clip": 1.0, "seed": 0, "val_fraction": 0.1,
+    "train_subset": None, "time_budget_s": None, "resume": None,
+}
 
 # (flag, TrainConfig field, type, help); unset flags keep TrainConfig's defaults.
 _OPTIONS: tuple[tuple[str, str, type, str], ...] = (
@@ -69,9 +74,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--epochs", type=int, required=True)
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=None, help="default adamw")
+    p.add_argument("--optimizer", choices=OPTIMIZER_NAMES, default=None, help="default adamw")
     p.add_argument("--amp", choices=AMP_MODES, default=None, help="bf16 autocast: auto = on CUDA only")
-    p.add_argument("--augment", choices=["auto", *sorted(AUGMENTATIONS)], default=None,
+    p.add_argument("--augment", choices=["auto", *AUGMENTATION_NAMES], default=None,
                    help="batch augmentation (auto: picked per data set)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (CUDA only)")
     p.add_argument("--no-normalize", action="store_true", help="feed images in [0, 1] without mean/std")
@@ -117,6 +122,8 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _summary(result) -> Table:
+    from rich.table import Table
+
     m = result.metrics
     table = Table(title=f"{m.model} on {m.data}", show_header=False)
     for key, value in (
@@ -161,6 +168,7 @@ def launch_command(args: argparse.Namespace) -> list[str]:
 def _check_before_launch(args: argparse.Namespace) -> None:
     """Refuse what every worker would refuse, before N of them start."""
     from polyfhe.models.registry import model_entry
+    from polyfhe.training.config import TrainConfig
 
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
@@ -175,6 +183,8 @@ def _check_before_launch(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, err: Console) -> int:
+    from rich.markup import escape
+
     try:
         _check_before_launch(args)
     except (KeyError, ValueError) as exc:
@@ -190,8 +200,11 @@ def launch(args: argparse.Namespace, err: Console) -> int:
 
 def run(args: argparse.Namespace) -> int:
     import torch
+    from rich.console import Console
+    from rich.markup import escape
 
     from polyfhe.training import TrainingDiverged, train
+    from polyfhe.training.checkpoint import CheckpointError
 
     console = Console(stderr=False)
     err = Console(stderr=True)
