@@ -93,7 +93,7 @@ def compile_case(name: str, backend: str, out: str) -> dict:
 def run_case(path: str, warm_runs: int) -> dict:
     """Keys, a cold and ``warm_runs`` warm evaluations of a saved program (runs in its own process)."""
     logging.basicConfig(level=logging.ERROR)
-    from polyfhe.runtime.program import load_program
+    from polyfhe.program.ckks_program import load_program
 
     prog = load_program(path)
     m = prog.manifest
@@ -131,7 +131,7 @@ def _isolated(fn, *args):
 
 def measure(name: str, backend: str, warm_runs: int) -> dict:
     from polyfhe.cost.zoo_models import program_cost
-    from polyfhe.runtime.program import load_program
+    from polyfhe.program.ckks_program import load_program
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "prog")

@@ -29,7 +29,7 @@ from machine_info import machine_info  # noqa: E402
 TIMER = """
 import json, sys, time
 import numpy as np
-from polyfhe.runtime.program import load_program
+from polyfhe import load_program  # the public name: baseline trees keep it where they like
 prog = load_program(sys.argv[1])
 x = np.load(sys.argv[2])
 prog.run_plain(x[:16])

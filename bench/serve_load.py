@@ -484,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         program = None
         if args.server is None:
             programs = args.programs or build_program(Path(tmp))
-            from polyfhe.runtime.program import load_program
+            from polyfhe.program.ckks_program import load_program
 
             program = load_program(programs / args.model)
         mine = f"this tree ({server_commit(HERE.parent)}+)"

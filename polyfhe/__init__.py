@@ -32,7 +32,7 @@ from typing import Any
 _LAZY = {
     "AnalysisReport": "polyfhe.analysis",
     "calibrate": "polyfhe.calibration",
-    "CKKSProgram": "polyfhe.runtime.program", "load_program": "polyfhe.runtime.program",
+    "CKKSProgram": "polyfhe.program.ckks_program", "load_program": "polyfhe.program.ckks_program",
     "FoldError": "polyfhe.folding", "fold": "polyfhe.folding",
     "create_model": "polyfhe.models.registry", "list_models": "polyfhe.models.registry",
     "model_entry": "polyfhe.models.registry",

@@ -1,4 +1,4 @@
-"""CKKS exporter: nn.Module or polynomial ONNX -> :class:`~polyfhe.runtime.program.CKKSProgram`.
+"""CKKS exporter: nn.Module or polynomial ONNX -> :class:`~polyfhe.program.ckks_program.CKKSProgram`.
 
 The compiler is a named list of passes (``pipeline.py``'s ``PASSES``, one module each under ``passes/``) over one
 compile state (``state.py``), in this order: ``onnx`` (fold + ONNX export, modules only) -> ``analyze`` (refuses
@@ -26,7 +26,7 @@ from polyfhe.exporters.ckks.state import (
 )
 from polyfhe.program.engines import DEFAULT_BACKEND
 from polyfhe.program.params import CKKSParams
-from polyfhe.runtime.program import CKKSProgram
+from polyfhe.program.ckks_program import CKKSProgram
 
 __all__ = ["BATCH_MEMORY_BUDGET", "BOOTSTRAP_MODES", "GALOIS_KEY_BUDGET", "PASSES",
            "CKKSExportError", "Circuit", "CompileOptions", "LoweringError", "export_ckks", "to_onnx_model"]

@@ -277,7 +277,8 @@ def calibrated_ranges(program, samples: np.ndarray, registers: set[int], slots: 
     """(min, max) over the first ``slots`` real slots of each of ``registers``, running ``program`` (without its
     bootstraps) on plain ``samples`` exactly as packed under encryption."""
     from polyfhe.calibration.reduction import RangeProfile
-    from polyfhe.runtime.execute import NumpyOps, execute, pack_single
+    from polyfhe.program.slot_layout import pack_single
+    from polyfhe.runtime.execute import NumpyOps, execute
 
     m = program.manifest
     profile: RangeProfile[int] = RangeProfile()
@@ -289,8 +290,8 @@ def calibrated_ranges(program, samples: np.ndarray, registers: set[int], slots: 
     flat = np.asarray(samples, dtype=np.float64).reshape(len(samples), -1)
     lanes = m.samples_per_ciphertext
     for start in range(0, len(flat), lanes):
-        execute(program, NumpyOps(m.params.slots), pack_single(m, flat[start:start + lanes]), observe=observe,
-                threads=1)
+        execute(m, program.arrays, NumpyOps(m.params.slots), pack_single(m, flat[start:start + lanes]),
+                observe=observe, threads=1)
     found = profile.extremes()
     return {r: found.get(r, (math.inf, -math.inf)) for r in registers}
 

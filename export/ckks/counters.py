@@ -1,21 +1,27 @@
 """What one evaluation of a program costs, counted from its plan: the manifest's honest counters.
 
-Rotations are counted as the executor runs them (baby-step rotations of a register are shared by every map
-of the same level that reads it); key switches count a rotation whose step has its own Galois key once,
-one without by the length of the shortest chain of keys the executor rotates it by
+The counts come from the executor's own schedule: the plan's steps run through
+:func:`~polyfhe.runtime.execute.execute` on :class:`~polyfhe.runtime.counting.CountingOps`, which counts each
+operation and computes nothing. Rotations are counted as the executor runs them (baby-step rotations of a
+register are shared by every map of the same level that reads it); key switches count a rotation whose step has
+its own Galois key once, one without by the length of the shortest chain of keys the executor rotates it by
 (:class:`~polyfhe.runtime.rotations.KeyChain`), and one per relinearisation. Plaintext products are the diagonals
-(single) or the non-zero weights (batch); every one is an encoded plaintext, and ``plaintext_bytes`` is what a server holds to keep them all encoded.
+(single) or the non-zero weights (batch); every one is an encoded plaintext, and ``plaintext_bytes`` is what a
+server holds to keep them all encoded.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from polyfhe.program.manifest import Step
 from polyfhe.program.params import CKKSParams
-from polyfhe.runtime.rotations import KeyChain, naf_terms
+from polyfhe.runtime.counting import count_operations
+from polyfhe.runtime.rotations import naf_terms
 
-__all__ = ["naf_weight", "plan_counters"]
+__all__ = ["PlannedSchedule", "naf_weight", "plan_counters"]
 
 
 def naf_weight(step: int) -> int:
@@ -23,59 +29,33 @@ def naf_weight(step: int) -> int:
     return len(naf_terms(step))
 
 
-def _data_primes(params: CKKSParams, level: int) -> int:
-    """Primes of a ciphertext (and its plaintexts) after ``level`` rescales (the special prime excluded)."""
-    return len(params.coeff_mod_bits) - 1 - level
+@dataclass(frozen=True)
+class PlannedSchedule:
+    """What the executor reads of a program, before its manifest exists."""
+
+    steps: tuple[Step, ...]
+    layout: str
+    samples_per_ciphertext: int
+    output: int
 
 
 def plan_counters(steps: list[Step], arrays: dict[str, np.ndarray], galois_steps: list[int], params: CKKSParams,
-                  layout: str, slots: int) -> dict:
-    """Counts per evaluation (one query); ``galois_steps`` and ``slots`` in the plan's (virtual) slots."""
-    chain = KeyChain(galois_steps, slots)
-    rotations = key_switches = products = encodes = 0
-    plaintext_bytes = 0
-    cached: set[tuple] = set()
-    bootstraps = 0
-    for step in steps:
-        if step.op == "bootstrap":  # the engine's own circuit: counted apart, not in the counts below
-            bootstraps += 1
-            continue
-        if step.op != "linear":
-            key_switches += step.size if layout == "batch" else 1  # relinearisations
-            continue
-        linear = step.linear
-        terms = linear.terms
-        primes = _data_primes(params, step.level - 1)
-        plain_bytes = params.poly_modulus_degree * primes * 8
-        if layout == "batch":
-            count = sum(len(arrays[t.rows.data]) for t in terms)
-            products += count
-            encodes += count
-            continue
-        baby, period = int(linear.baby), int(linear.period)
-        pre = tuple(linear.pre_sums or ())
-        used: list[int] = list(linear.post_sums or ())
-        for term in terms:
-            ks = arrays[term.diagonals.ks]
-            if pre and (term.input, pre, step.level - 1) not in cached:  # its window sum, made once per level
-                cached.add((term.input, pre, step.level - 1))
-                used += list(pre)
-            for a in np.unique(ks % baby):
-                key = (term.input, int(a), step.level - 1, pre)
-                if a and key not in cached:
-                    cached.add(key)
-                    used.append(int(a))
-        ks_all = np.concatenate([arrays[t.diagonals.ks] for t in terms])
-        used += [int(g) for g in np.unique((ks_all // baby) * baby) if g]
-        used += [period << i for i in range(int(np.log2(linear.reduction_space(slots) // period)))]
-        rotations += len(used)
-        key_switches += sum(chain.switches(s) for s in used)
-        count = sum(len(arrays[t.diagonals.ks]) for t in terms)
-        products += count
-        encodes += count + (1 if linear.bias else 0)
-        plaintext_bytes += count * plain_bytes
-        if linear.bias:  # added after the rescale when giant sums are rescaled first
-            late = bool(linear.rescale_giants)
-            plaintext_bytes += params.poly_modulus_degree * _data_primes(params, step.level - (0 if late else 1)) * 8
-    return {"rotations": rotations, "key_switches": key_switches, "plain_products": products,
-            "encodes_cold": encodes, "plaintext_bytes": plaintext_bytes, **({"bootstraps": bootstraps} if bootstraps else {})}
+                  layout: str, slots: int, output: int | None = None, input_size: int | None = None) -> dict:
+    """Counts per evaluation (one query); ``galois_steps`` and ``slots`` in the plan's (virtual) slots (the single
+    layout's ``params.slots // slots`` samples per ciphertext). ``output``: the result register (default: the last
+    step's); ``input_size``: the input's elements (batch layout; default: the most any map reads of it)."""
+    steps = tuple(steps)
+    lanes = max(1, params.slots // int(slots)) if layout == "single" else 1
+    if output is None:
+        output = steps[-1].out if steps else 0
+    size = _input_size(steps, arrays) if input_size is None and layout == "batch" else int(input_size or 1)
+    schedule = PlannedSchedule(steps, layout, lanes, output)
+    real_steps = [int(g) * lanes for g in galois_steps]
+    return count_operations(schedule, arrays, params, real_steps, size).planned()
+
+
+def _input_size(steps: tuple[Step, ...], arrays: dict[str, np.ndarray]) -> int:
+    """Elements of register 0 a batch plan reads: one past the largest index any term of it names."""
+    read = [int(arrays[t.rows.indices].max(initial=-1)) + 1 for s in steps if s.op == "linear"
+            for t in s.linear.terms if t.input == 0]
+    return max(read, default=1)

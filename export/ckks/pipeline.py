@@ -78,7 +78,7 @@ def run_passes(state: CompileState, passes: tuple[Pass, ...]) -> None:
 
 
 def compile_model(model: Any, options: CompileOptions) -> Any:
-    """``model`` compiled with ``options``: a :class:`~polyfhe.runtime.program.CKKSProgram`."""
+    """``model`` compiled with ``options``: a :class:`~polyfhe.program.ckks_program.CKKSProgram`."""
     state = CompileState(model=model, options=options)
     run_passes(state, PASSES[:FRONT])
     refused = ""  # the leveled ring's refusal, put in front of the bootstrapped tries' refusals

@@ -171,7 +171,7 @@ class CompileState:
     boot_info: dict | None = None
     planned: dict | None = None
     server_peak: dict | None = None
-    program: Any = None  # polyfhe.runtime.program.CKKSProgram
+    program: Any = None  # polyfhe.program.ckks_program.CKKSProgram
     seconds: dict[str, float] = field(default_factory=dict)  # each pass's time, summed over tries
 
     def __post_init__(self) -> None:

@@ -144,15 +144,15 @@ def _session(api: Any, model: str, manifest: Any, keydir: Any) -> Any:
 
     upload = UploadProgress("uploading public context")
     if keydir is None:
-        from polyfhe.program.engines import client_for
-
         with progress_bar(1, "making keys", unit="key set") as bar:
-            concrete = manifest.scheme == "concrete"
-            keys = api.concrete_client(model, manifest) if concrete else client_for(manifest)
+            keys = api.make_keys(model, manifest)
             bar.update(1)
         return api.open_session(model, keys=keys, progress=upload)
-    if manifest.scheme == "concrete":
-        raise _BadInput("--keys folders hold CKKS keys; a Concrete ML model makes its keys for each run")
+    from polyfhe.program.engines import kind_of
+
+    why_not = kind_of(manifest).key_folders
+    if why_not:
+        raise _BadInput(why_not)
     keys = keydir.load(manifest, f"model {model} at {api.url}")
     return api.keyed_session(model, keys, keydir.session_id(api.url, model), progress=upload,
                              on_open=lambda sid: keydir.remember_session(api.url, model, sid))
@@ -188,10 +188,10 @@ def _fail(message: Any, code: int) -> int:
 # ------------------------------------------------------------------------------------------------------------
 def _render_head(head: dict, manifest: Any) -> None:
     from polyfhe.commands.progress import echo
+    from polyfhe.program.engines import kind_of
 
     s = head["session"]
-    scheme = (f"TFHE via Concrete ML, {manifest.quantization} quantisation at n_bits={manifest.n_bits}"
-              if manifest.scheme == "concrete" else manifest.params.describe())
+    scheme = kind_of(manifest).params_text(manifest)
     echo(f"model {head['model']} (program {head['program_id']}) at {head['server']}: {scheme}")
     keys = (f"keys made here in {s['keygen_s']:.2f} s" if head["keys"] is None
             else f"keys restored from {head['keys']} in {s['keygen_s']:.2f} s")

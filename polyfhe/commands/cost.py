@@ -119,7 +119,7 @@ def _report(args: argparse.Namespace, machine: int, progress: _StageLine):
     path = Path(target)
     if path.is_dir():
         from polyfhe.program.errors import ProgramError
-        from polyfhe.runtime.program import load_program
+        from polyfhe.program.ckks_program import load_program
 
         if args.img_size:
             raise ValueError(f"--img-size applies to zoo models; the program in {path} was compiled for its input")

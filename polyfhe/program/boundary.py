@@ -25,7 +25,7 @@ from polyfhe.program.wire import (
 )
 
 if TYPE_CHECKING:
-    from polyfhe.runtime.program import CKKSProgram
+    from polyfhe.program.ckks_program import CKKSProgram
 
 __all__ = ["DEFAULT_MAX_CIPHERTEXT_BYTES", "DEFAULT_MAX_CONTEXT_BYTES", "RANGE_TOLERANCE", "InputError",
            "KeyMismatchError", "NumericalWarning", "RunStats", "check_identity", "check_input", "check_key_identity",

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Backend", "BackendUnavailable", "BootstrapModel", "ClientProtocol", "CostTraits", "EngineRefusal",
-           "KeySetTooLarge", "ServerProtocol"]
+__all__ = ["Backend", "BackendUnavailable", "BootstrapModel", "ClientProtocol", "CostTraits", "EngineFacts",
+           "EngineRefusal", "KeySetTooLarge", "ProgramFormat", "ProgramKind", "ServerProtocol"]
 
 
 class EngineRefusal(RuntimeError):
@@ -165,3 +165,53 @@ class Backend:
     def bootstraps(self) -> bool:
         """The engine runs ``bootstrap`` steps (it has a :class:`BootstrapModel`)."""
         return self.bootstrapping is not None
+
+
+@dataclass(frozen=True)
+class ProgramFormat:
+    """How a saved program folder is recognised and loaded: its ``manifest.json``'s ``format`` (and, where
+    engines share a format, the field naming the engine) and its loaders, ``"module:function"`` names imported on
+    first use (so recognising a folder loads no engine)."""
+
+    format: str  # the manifest's "format" value
+    load: str  # directory -> the verified program (ProgramError when it is not one)
+    manifest: str  # a manifest dict (as a server sends it) -> the manifest a client makes keys from
+    serve: str = ""  # directory -> the program, checked that this machine can serve it; "": ``load``
+    engine_field: str = ""  # the manifest field naming the engine, where several engines share the format
+    engine_default: str = ""  # its value where the manifest leaves it out
+
+    def claims(self, manifest: dict, engine: str) -> bool:
+        """Whether a manifest (as read from ``manifest.json``) is a program of ``engine`` in this format."""
+        if manifest.get("format") != self.format:
+            return False
+        return not self.engine_field or manifest.get(self.engine_field, self.engine_default) == engine
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the registry knows of an engine without loading it, declared by its folder's ``__init__.py``
+    (``FACTS``): the parts a command line or a server needs before, or instead of, the engine record.
+    References are ``"module:attribute"`` names, imported on first use."""
+
+    name: str
+    scheme: str  # "ckks", or the scheme of an engine with a program format of its own
+    program_format: ProgramFormat
+    kind: str  # its ProgramKind: what a server and its clients do differently for its programs
+    record: str = ""  # its CKKS Backend record; "": not a CKKS engine (its programs carry their own client/server)
+    process_start: str = ""  # run by a command-line entry point before any engine loads (settings read at start)
+    browser_client: str = ""  # the library the web page makes its keys with; "": the page cannot be its client
+    cli_only: str = ""  # why the page cannot be its client
+
+
+class ProgramKind(Protocol):
+    """What differs between kinds of program (CKKS manifests, Concrete ML's) for a server and its clients: asked
+    of the kind (``polyfhe.program.engines.kind_of``) instead of branching on a program's scheme."""
+
+    client_files: tuple[str, ...]  # files of the model a client fetches beside its manifest to make keys
+    key_folders: str  # "": its keys can be kept in a key folder (``client --keys``); otherwise why not
+
+    def engine(self, manifest: Any) -> str: ...  # the engine (registry name) whose client makes the keys
+    def params_text(self, manifest: Any) -> str: ...  # one line: the scheme and its parameters
+    def card(self, program: Any) -> dict: ...  # what ``/v1/models`` shows of the program (no model card)
+    def wrong_parameters(self, program: Any, what: str) -> tuple[str, dict]: ...  # a 422's detail and extra
+    def client(self, manifest: Any, files: Any = None) -> ClientProtocol: ...  # keys; files: client_files' folder

@@ -3,31 +3,117 @@
 Every engine module provides a :class:`~polyfhe.program.engine_api.Backend`: what the client needs
 (parameters, key generation, encode/encrypt/decrypt, the public key bytes a server gets) and what a server runs
 (a compiled program on one client's public keys). The planner hands every engine the same
-:class:`~polyfhe.runtime.program.CKKSProgram`: per step the diagonals (or sparse rows), the ct x ct products and the
+:class:`~polyfhe.program.ckks_program.CKKSProgram`: per step the diagonals (or sparse rows), the ct x ct products and the
 levels; an engine may lower it further (Lattigo's evaluator takes its own model container). Nothing outside an
 engine's module imports the engine's package, so the registry and this protocol load without either installed.
+
+The registry holds one line per engine folder (:data:`ENGINES`); the folder's ``__init__.py`` declares its light
+facts (:class:`~polyfhe.program.engine_api.EngineFacts`: scheme, program format, process start, the page's client,
+where its record lies), read here without loading the engine. Engines with a program format of their own
+(Concrete ML) have no CKKS record: their programs carry their client and server, and their ``ProgramKind``
+says what a server and its clients do differently for them (:func:`kind_of`).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+from pathlib import Path
 from typing import Any
 
-from polyfhe.program.engine_api import Backend, BackendUnavailable, KeySetTooLarge
+from polyfhe.program.engine_api import Backend, BackendUnavailable, EngineFacts, KeySetTooLarge, ProgramKind
 
-__all__ = ["BACKEND_NAMES", "DEFAULT_BACKEND", "Backend", "BackendUnavailable", "KeySetTooLarge",
-           "bootstrapping_engines", "client_for",
-           "get_backend", "list_backends", "max_context_bytes", "prepare_process", "public_context_bytes", "restore_client",
-           "warm_plaintexts"]
+__all__ = [
+    "BACKEND_NAMES",
+    "DEFAULT_BACKEND",
+    "Backend",
+    "BackendUnavailable",
+    "KeySetTooLarge",
+    "bootstrapping_engines",
+    "client_for",
+    "engine_facts",
+    "engine_names",
+    "get_backend",
+    "kind_of",
+    "list_backends",
+    "load_other_format",
+    "load_served_program",
+    "manifest_from_dict",
+    "max_context_bytes",
+    "new_plaintext_store",
+    "plain_executor",
+    "prepare_process",
+    "program_engine",
+    "public_context_bytes",
+    "resolve",
+    "restore_client",
+    "warm_plaintexts",
+]
 
-# name -> module defining ``BACKEND``; imported on first use so a missing engine only fails when it is asked for
-_MODULES = {"seal": "polyfhe.engines.seal.engine", "lattigo": "polyfhe.engines.lattigo.engine"}
+# name -> engine folder; its ``__init__.py`` declares ``FACTS`` (EngineFacts): the light parts (scheme, program
+# format, process start, the page's client) and where its record lies, which loads on first use only
+ENGINES = {
+    "seal": "polyfhe.engines.seal",
+    "lattigo": "polyfhe.engines.lattigo",
+    "concrete": "polyfhe.engines.concrete",
+}
+
+
+def _facts(package: str) -> EngineFacts:
+    return importlib.import_module(package).FACTS
+
+
+_FACTS: dict[str, EngineFacts] = {name: _facts(package) for name, package in ENGINES.items()}
+# the CKKS engines: those with a Backend record (a manifest's ``backend`` names one of them)
+_MODULES = {name: facts.record.partition(":")[0] for name, facts in _FACTS.items() if facts.record}
 BACKEND_NAMES = tuple(_MODULES)
 DEFAULT_BACKEND = "seal"  # see docs/ckks.md ("Engines") for the measurement behind this choice
 _LOADED: dict[str, Backend] = {}
 # name -> (module, function) a command-line entry point runs before any engine loads: settings an engine's native
-# libraries read only when the process starts (Lattigo: Go's collector); small modules, apart from the records
-_PROCESS_START = {"lattigo": ("polyfhe.engines.lattigo.go_env", "restart_with_go_env")}
+# libraries read only when the process starts (Lattigo: Go's collector); from each engine's facts
+_PROCESS_START = {name: tuple(facts.process_start.split(":", 1)) for name, facts in _FACTS.items()
+                  if facts.process_start}
+
+
+def resolve(reference: str) -> Any:
+    """The object a ``"module:attribute"`` reference of an engine's facts names (imported now)."""
+    module_name, _, path = reference.partition(":")
+    value: Any = importlib.import_module(module_name)
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def engine_names() -> list[str]:
+    """Every registered engine, CKKS or not, in registry order."""
+    return list(ENGINES)
+
+
+def engine_facts(name: str) -> EngineFacts:
+    """The light facts of engine ``name`` (no engine module loaded); ``ValueError`` listing the names."""
+    if name not in _FACTS:
+        raise ValueError(f"unknown engine {name!r}; accepted: {engine_names()}")
+    return _FACTS[name]
+
+
+# the runtime sits above this package: a program reaches its plain executor and its plaintext store by module name
+_RUNTIME = {"plain_executor": ("polyfhe.runtime.execute", "run_plain"),
+            "plaintext_store": ("polyfhe.runtime.plaintexts", "PlaintextStore")}
+
+
+def _runtime(name: str) -> Any:
+    module_name, attribute = _RUNTIME[name]
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def plain_executor():
+    """``run_plain(manifest, arrays, x)``: the engine-neutral executor on plain slot vectors."""
+    return _runtime("plain_executor")
+
+
+def new_plaintext_store():
+    """An empty plaintext store with the default budget (one per program, shared by its servers)."""
+    return _runtime("plaintext_store")()
 
 
 def get_backend(name: str) -> Backend:
@@ -35,7 +121,7 @@ def get_backend(name: str) -> Backend:
     if name not in _MODULES:
         raise ValueError(f"unknown CKKS backend {name!r}; accepted: {list(BACKEND_NAMES)}")
     if name not in _LOADED:
-        _LOADED[name] = importlib.import_module(_MODULES[name]).BACKEND
+        _LOADED[name] = resolve(_FACTS[name].record)
     return _LOADED[name]
 
 
@@ -66,18 +152,57 @@ def restore_client(manifest, secret_context: bytes, public_context: bytes | None
     return restore(manifest, secret_context, public_context)
 
 
-# engines whose saved programs are not CKKS manifests: name -> (module, recogniser, loader); imported on first use
-OTHER_PROGRAM_FORMATS = {"concrete": ("polyfhe.engines.concrete.program", "is_concrete_program",
-                                      "load_concrete_program")}
+def _manifest_of(directory) -> dict | None:
+    """``manifest.json`` of a program folder as JSON, or None where there is none readable."""
+    path = Path(directory) / "manifest.json"
+    try:
+        raw = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+def program_engine(directory) -> str | None:
+    """The engine whose program format claims the folder (a look at its manifest only), or None."""
+    raw = _manifest_of(directory)
+    if raw is None:
+        return None
+    return next((name for name, facts in _FACTS.items() if facts.program_format.claims(raw, name)), None)
 
 
 def load_other_format(directory) -> Any | None:
-    """The program saved in ``directory`` by an engine with a format of its own, or None when none claims it."""
-    for module_name, recognise, load in OTHER_PROGRAM_FORMATS.values():
-        module = importlib.import_module(module_name)
-        if getattr(module, recognise)(directory):
-            return getattr(module, load)(directory)
-    return None
+    """The program saved in ``directory`` by an engine with a format of its own (not CKKS's), or None when none
+    claims it."""
+    engine = program_engine(directory)
+    if engine is None or _FACTS[engine].scheme == "ckks":
+        return None
+    return resolve(_FACTS[engine].program_format.load)(directory)
+
+
+def load_served_program(directory) -> Any:
+    """The program in ``directory`` as a server offers it, by the format that claims it (a CKKS one where none
+    does: its loader names what is wrong): ``ProgramError`` when it is not one, or this machine cannot serve it."""
+    fmt = _FACTS[program_engine(directory) or DEFAULT_BACKEND].program_format
+    return resolve(fmt.serve or fmt.load)(directory)
+
+
+def manifest_from_dict(raw: Any) -> Any:
+    """The manifest a server sent (``/v1/models/NAME/manifest``), read by the format its ``format`` names (CKKS's
+    where none does: its reader names what is wrong); ``ProgramError`` when it is not one."""
+    found = raw.get("format") if isinstance(raw, dict) else None
+    fmt = next((f.program_format for f in _FACTS.values() if f.program_format.format == found),
+               _FACTS[DEFAULT_BACKEND].program_format)
+    return resolve(fmt.manifest)(raw)
+
+
+def kind_of(program_or_manifest) -> ProgramKind:
+    """What a server and its clients do differently for this program (or manifest): the kind its scheme's engines
+    declare (CKKS engines share theirs)."""
+    scheme = program_or_manifest.scheme
+    facts = next((f for f in _FACTS.values() if f.scheme == scheme), None)
+    if facts is None:
+        raise ValueError(f"no engine runs {scheme!r} programs; registered: {engine_names()}")
+    return resolve(facts.kind)
 
 
 def list_backends() -> list[str]:

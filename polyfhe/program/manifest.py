@@ -1,6 +1,6 @@
 """The manifest of a compiled CKKS program: its steps, parameters, layout and identity (JSON, no pickle).
 
-:class:`~polyfhe.runtime.program.CKKSProgram` pairs it with the named arrays the steps refer to; the program id
+:class:`~polyfhe.program.ckks_program.CKKSProgram` pairs it with the named arrays the steps refer to; the program id
 hashes both, so a tampered or truncated program is refused before it runs.
 """
 

@@ -1,10 +1,13 @@
 """Program execution, written once against a small slot-operation backend.
 
 :class:`SlotOps` is what a backend provides (rotate, plaintext product, add, rescale, ct x ct product, level
-matching). :class:`NumpyOps` implements it on plain float64 slot vectors, which checks a compiled plan
-exactly without encryption; ``polyfhe.engines.seal.ops.SealOps`` implements it on SEAL ciphertexts. The
-``single`` layout keeps one sample in the slots of one ciphertext per register; ``batch`` keeps one
-ciphertext per tensor element with one sample per slot.
+matching), and :class:`OptionalSlotOps` what it may add (a fused dot, hoisted rotations, bootstrapping).
+:class:`NumpyOps` implements it on plain float64 slot vectors, which checks a compiled plan exactly without
+encryption; ``polyfhe.engines.seal.ops.SealOps`` implements it on SEAL ciphertexts;
+:class:`~polyfhe.runtime.counting.CountingOps` counts the operations without computing (the planned counters).
+The ``single`` layout keeps one sample in the slots of one ciphertext per register; ``batch`` keeps one
+ciphertext per tensor element with one sample per slot. :func:`execute` reads the schedule (the manifest's
+steps, layout, lanes and output register) and the named arrays, never the program object.
 """
 
 from __future__ import annotations
@@ -16,19 +19,18 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from polyfhe.program.manifest import Step
+from polyfhe.program.slot_layout import pack_single, unpack_single
 from polyfhe.program.steps import BootstrapAttrs
 from polyfhe.runtime.plaintexts import PlaintextKey
 
-if TYPE_CHECKING:
-    from polyfhe.runtime.program import CKKSProgram
-
-__all__ = ["THREADS_ENV", "InterleavedOps", "NumpyOps", "SlotOps", "default_threads", "dot", "execute", "observe_steps",
-           "pack_single", "run_plain", "sum_of_products", "unpack_single"]
+__all__ = ["OPTIONAL_OPS", "THREADS_ENV", "InterleavedOps", "NumpyOps", "OptionalSlotOps", "Schedule", "SlotOps",
+           "default_threads", "dot", "execute", "observe_steps", "optional_op", "run_plain", "sum_of_products"]
 
 ZERO_ROW_WEIGHT = 2.0**-30
 GIANT_ROTATION_WEIGHT = 20.0  # a giant step's rotation in plaintext products, to order the pool's work (dearest first)
@@ -62,14 +64,42 @@ class SlotOps(Protocol):
     def rotate(self, ct: Any, step: int) -> Any: ...
     def mul_vector(self, ct: Any, vec: np.ndarray, key: PlaintextKey) -> Any: ...  # pre-rescale, scale -> target
     def mul_scalar(self, ct: Any, value: float) -> Any: ...  # pre-rescale, scale -> target
-    # optional: dot(terms) -> the sum of mul_vector(ct, vec, key) over terms of (ct, vec, key), in one pass
     def add(self, a: Any, b: Any) -> Any: ...
     def add_vector(self, ct: Any, vec: np.ndarray, key: PlaintextKey) -> Any: ...  # at the pre-rescale scale
     def add_scalar(self, ct: Any, value: float) -> Any: ...  # every slot, at the pre-rescale scale
     def rescale(self, ct: Any) -> Any: ...
     def multiply(self, a: Any, b: Any) -> Any: ...  # ct x ct, relinearised, not rescaled
     def relin_rescale(self, ct: Any) -> Any: ...
-    # engines that bootstrap also provide: bootstrap(ct, BootstrapAttrs) -> a fresh ciphertext of the same values
+
+
+class OptionalSlotOps(Protocol):
+    """What a backend may add to :class:`SlotOps`; the executor asks for each with :func:`optional_op` and runs
+    without it (products one by one, rotations one by one) except ``bootstrap``, which a program that bootstraps
+    needs."""
+
+    def dot(self, terms: list[tuple[Any, np.ndarray, PlaintextKey]]) -> Any: ...  # sum of mul_vector, one pass
+    def decompose(self, ct: Any) -> Any | None: ...  # ct decomposed for several hoisted rotations (None: declined)
+    def rotate_decomposed(self, decomposition: Any, step: int) -> Any: ...  # a decomposed ct rotated by step
+    def bootstrap(self, ct: Any, attrs: BootstrapAttrs) -> Any: ...  # a fresh ciphertext of the same values
+
+
+OPTIONAL_OPS = frozenset(name for name in OptionalSlotOps.__dict__ if not name.startswith("_"))
+
+
+def optional_op(ops: SlotOps, name: str) -> Callable | None:
+    """``ops``' optional operation ``name`` (one of :class:`OptionalSlotOps`'), or None where ``ops`` lacks it."""
+    if name not in OPTIONAL_OPS:
+        raise KeyError(f"{name!r} is not an optional slot operation; they are {sorted(OPTIONAL_OPS)}")
+    return getattr(ops, name, None)
+
+
+class Schedule(Protocol):
+    """What :func:`execute` reads of a program: a :class:`~polyfhe.program.manifest.ProgramManifest` is one."""
+
+    layout: str
+    samples_per_ciphertext: int
+    steps: Sequence[Step]
+    output: int
 
 
 class NumpyOps:
@@ -156,7 +186,7 @@ class InterleavedOps:
 def dot(ops: SlotOps, terms: list[tuple[Any, np.ndarray, PlaintextKey]]) -> Any:
     """The sum of ``ops.mul_vector(ct, vec, key)`` over ``terms``: in one pass where the backend has one (SEAL's
     native dot kernel), else product by product."""
-    fused = getattr(ops, "dot", None)
+    fused = optional_op(ops, "dot")
     return fused(terms) if fused is not None else sum_of_products(ops, terms)
 
 
@@ -319,7 +349,7 @@ def _baby_rotations(needed: dict, ops: SlotOps, run: RunContext) -> dict:
     for key in needed:
         if key[1]:
             by_base.setdefault((key[0], *key[2:]), []).append(key)
-    decompose = getattr(ops, "decompose", None)
+    decompose = optional_op(ops, "decompose")
     shared = {base: keys for base, keys in by_base.items() if len(keys) > 1} if decompose is not None else {}
     grouped = {key for keys in shared.values() for key in keys}
     single = [key for key in needed if key not in grouped]
@@ -348,7 +378,7 @@ def _single_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunC
 
 
 def _single_bootstrap(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunContext) -> Any:
-    refresh = getattr(ops, "bootstrap", None)
+    refresh = optional_op(ops, "bootstrap")
     if refresh is None:
         raise ValueError("this program bootstraps, and the engine running it cannot (export it for "
                          "backend='lattigo')")
@@ -435,9 +465,9 @@ EXECUTORS: dict[tuple[str, str], StepFn] = {
 }
 
 
-def _last_use(program: CKKSProgram) -> dict[int, int]:
+def _last_use(schedule: Schedule) -> dict[int, int]:
     last: dict[int, int] = {}
-    for index, step in enumerate(program.manifest.steps):
+    for index, step in enumerate(schedule.steps):
         for r in step.reads():
             last[r] = index
     return last
@@ -459,15 +489,16 @@ def default_threads() -> int:
     return threads
 
 
-def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: Callable | None = None,
-            threads: int | None = None, observe: Callable[[int, Any], None] | None = None) -> Any:
-    """Run every step; registers are freed after their last use to bound memory. ``observe(register, value)``
-    sees every register as it is made (the input included), e.g. to record calibrated ranges."""
-    manifest = program.manifest
+def execute(manifest: Schedule, arrays: dict[str, np.ndarray], ops: SlotOps, encrypted_input: Any,
+            progress: Callable | None = None, threads: int | None = None,
+            observe: Callable[[int, Any], None] | None = None) -> Any:
+    """Run every step of ``manifest`` on ``ops``, reading the named ``arrays``; registers are freed after their
+    last use to bound memory. ``observe(register, value)`` sees every register as it is made (the input
+    included), e.g. to record calibrated ranges."""
     if manifest.layout == "single" and manifest.samples_per_ciphertext > 1:
         ops = InterleavedOps(ops, manifest.samples_per_ciphertext)
     regs: dict[int, Any] = {0: encrypted_input}
-    last = _last_use(program)
+    last = _last_use(manifest)
     run = RunContext(default_threads() if threads is None else threads)
     if progress is None:
         progress = _STEP_OBSERVER.get()
@@ -479,14 +510,14 @@ def execute(program: CKKSProgram, ops: SlotOps, encrypted_input: Any, progress: 
         if index not in computed:
             group = _ready_group(steps, index, regs, computed, ops) if manifest.layout == "single" else [index]
             if len(group) > 1 and step.op == "linear":
-                outs = _single_linear_group([steps[i] for i in group], regs, ops, program.arrays, run)
+                outs = _single_linear_group([steps[i] for i in group], regs, ops, arrays, run)
             elif len(group) > 1:  # independent products: one per worker
-                outs = run.map(lambda i: _single_mul(steps[i], regs, ops, program.arrays, run), group)
+                outs = run.map(lambda i: _single_mul(steps[i], regs, ops, arrays, run), group)
             else:
                 fn = EXECUTORS.get((manifest.layout, step.op))
                 if fn is None:
                     raise ValueError(f"step {index} ({step.op}) is not supported in layout {manifest.layout!r}")
-                outs = [fn(step, regs, ops, program.arrays, run)]
+                outs = [fn(step, regs, ops, arrays, run)]
             for i, value in zip(group, outs, strict=True):
                 regs[steps[i].out] = value
                 computed.add(i)
@@ -526,30 +557,6 @@ def _ready_steps_of(op: str, steps, start: int, regs: dict, computed: set[int]) 
                       and all(r in regs for r in steps[j].reads())]
 
 
-def pack_single(manifest, values: np.ndarray) -> np.ndarray:
-    """Slot vector for up to ``samples_per_ciphertext`` samples (rows of ``values``): the program's public packing.
-
-    Each sample's virtual vector repeats its input every ``input_period`` slots; sample j goes to the real slots
-    ``u*k + j``; unused lanes stay zero. A replicated packing (``input_gather``) writes some values to several slots.
-    """
-    rows = np.atleast_2d(np.asarray(values, dtype=np.float64))
-    lanes, virtual = manifest.samples_per_ciphertext, manifest.virtual_slots
-    if len(rows) > lanes:
-        raise ValueError(f"{len(rows)} samples do not fit one ciphertext of this program ({lanes} per ciphertext)")
-    period = manifest.input_period
-    grid = np.zeros((lanes, period))
-    gather = getattr(manifest, "input_gather", ())
-    grid[: len(rows), list(manifest.input_slots)] = rows[:, list(gather)] if gather else rows
-    return np.tile(grid, (1, virtual // period)).T.reshape(-1)
-
-
-def unpack_single(manifest, vec: np.ndarray, samples: int) -> np.ndarray:
-    """(samples, output_size) from a decoded slot vector of the single layout (inverse of the packing)."""
-    lanes = manifest.samples_per_ciphertext
-    grid = np.asarray(vec)[: manifest.params.slots].reshape(-1, lanes).T
-    return grid[:samples][:, list(manifest.output_slots)]
-
-
 # slot values one pass of the single layout's simulation holds per register: rows of ``slots`` values, one per
 # ciphertext's worth of samples, evaluated together (every step one array operation over all of them). 2^17
 # (1 MiB of float64, about a core's cache) measured fastest on a 28x28 CNN: 12 ms an image against 22 ms at
@@ -557,9 +564,9 @@ def unpack_single(manifest, vec: np.ndarray, samples: int) -> np.ndarray:
 PLAIN_PASS_VALUES = 1 << 17
 
 
-def run_plain(program: CKKSProgram, x: np.ndarray) -> np.ndarray:
-    """Compiled program on plaintext: ``x`` (batch, *input_shape) -> (batch, output_size)."""
-    m = program.manifest
+def run_plain(m, arrays: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """Compiled program (manifest ``m`` and its ``arrays``) on plaintext: ``x`` (batch, *input_shape) ->
+    (batch, output_size)."""
     flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
     if flat.shape[1] != m.input_size:
         raise ValueError(f"input has {flat.shape[1]} values per sample, the program takes {m.input_size}")
@@ -570,9 +577,9 @@ def run_plain(program: CKKSProgram, x: np.ndarray) -> np.ndarray:
         outs = []
         for first in range(0, len(chunks), per_pass):  # many ciphertexts' worth at once: one row each
             group = chunks[first:first + per_pass]
-            rows = execute(program, NumpyOps(m.params.slots), np.stack([pack_single(m, c) for c in group]))
+            rows = execute(m, arrays, NumpyOps(m.params.slots), np.stack([pack_single(m, c) for c in group]))
             outs += [unpack_single(m, row, len(c)) for row, c in zip(np.atleast_2d(rows), group, strict=True)]
         return np.concatenate(outs)
     ops = NumpyOps(len(flat))
-    result = execute(program, ops, [flat[:, i].copy() for i in range(m.input_size)])
+    result = execute(m, arrays, ops, [flat[:, i].copy() for i in range(m.input_size)])
     return np.stack(result, axis=1)

@@ -1,7 +1,7 @@
 """What the web page needs to be a client of one program: its ring, keys, input packing and class names.
 
 The page (``static/fheclient.js``) makes keys with node-seal and encodes images exactly as the Python client
-does (:func:`polyfhe.runtime.execute.pack_single`); everything it needs for that is here, public, and tied to
+does (:func:`polyfhe.program.slot_layout.pack_single`); everything it needs for that is here, public, and tied to
 the program by its id and its parameters' fingerprint (the page recomputes the fingerprint and refuses a spec
 whose parameters do not hash to it). No weights: the manifest's steps stay on the server.
 """
@@ -11,28 +11,32 @@ from __future__ import annotations
 from typing import Any
 
 from polyfhe.program.boundary import identity_header
+from polyfhe.program.engines import engine_facts, engine_names, kind_of
 from polyfhe.program.params import BROWSER_UPLOAD_BUDGET, estimated_sizes, seeded_sizes
 from polyfhe.serve.registry import Model
 
 __all__ = ["BROWSER_ENGINES", "SPEC_FORMAT", "browser_support", "client_spec"]
 
 SPEC_FORMAT = "polyfhe-client-spec/1"
-# engines whose keys and ciphertexts the page can make: SEAL (node-seal 7.0.0, SEAL 4.1.2 in WASM)
-BROWSER_ENGINES = {"seal": "node-seal 7.0.0 (Microsoft SEAL 4.1.2, WebAssembly)"}
-_CLI_ONLY = {
-    "lattigo": "CLI only: Lattigo programs need Lattigo's own client, and no WebAssembly build of it installs "
-               "from the package registries this project uses",
-    "concrete": "CLI only: Concrete ML (TFHE) keys are made by Concrete ML's Python client",
-}
+
+
+def _browser_engines() -> dict[str, str]:
+    return {name: engine_facts(name).browser_client for name in engine_names() if engine_facts(name).browser_client}
+
+
+# engines whose keys and ciphertexts the page can make (their facts name the library: SEAL's node-seal 7.0.0)
+BROWSER_ENGINES = _browser_engines()
 
 
 def browser_support(model: Model) -> tuple[bool, str]:
-    """(can the page be this program's client, why not / which library it uses)."""
+    """(can the page be this program's client, why not / which library it uses), from its engine's facts."""
     program = model.program
-    engine = "concrete" if program.scheme == "concrete" else program.manifest.backend
-    if engine in BROWSER_ENGINES:
-        return True, BROWSER_ENGINES[engine]
-    return False, _CLI_ONLY.get(engine, f"CLI only: the page has no client for the {engine!r} engine")
+    engine = kind_of(program).engine(program.manifest)
+    facts = engine_facts(engine) if engine in engine_names() else None
+    if facts is not None and facts.browser_client:
+        return True, facts.browser_client
+    why = facts.cli_only if facts is not None else ""
+    return False, why or f"CLI only: the page has no client for the {engine!r} engine"
 
 
 def _class_names(model: Model, classes: int) -> list[str]:

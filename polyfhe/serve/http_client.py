@@ -26,6 +26,7 @@ import httpx
 import numpy as np
 
 from polyfhe.program.boundary import InputError
+from polyfhe.program.engines import kind_of, manifest_from_dict
 from polyfhe.program.manifest import ProgramError, ProgramManifest
 from polyfhe.program.params import security_bits_ok
 
@@ -204,17 +205,12 @@ class ServeClient:
         """The model's manifest: a CKKS :class:`ProgramManifest` (checked for 128-bit parameters) or a
         Concrete ML one (its security is Concrete's own 128-bit default, fixed when it compiled)."""
         raw = self.request("GET", f"/v1/models/{model}/manifest").json()
-        if isinstance(raw, dict) and raw.get("format", "").startswith("polyfhe-concrete/"):
-            from polyfhe.engines.concrete.program import ConcreteManifest, ConcreteProgramError
-
-            try:
-                return ConcreteManifest.from_dict(raw)
-            except ConcreteProgramError as exc:
-                raise ServeError(0, "bad_manifest", f"the server sent an unusable manifest: {exc}") from exc
         try:
-            manifest = ProgramManifest.from_dict(raw)
+            manifest = manifest_from_dict(raw)  # by the format it names
         except ProgramError as exc:
             raise ServeError(0, "bad_manifest", f"the server sent an unusable manifest: {exc}") from exc
+        if not isinstance(manifest, ProgramManifest):  # another scheme's: its security was fixed when it compiled
+            return manifest
         if not allow_insecure and (manifest.params.security != "tc128" or not security_bits_ok(manifest.params)):
             raise ServeError(0, "insecure_parameters", f"model {model} uses {manifest.params.describe()}, below "
                              "128-bit security; refusing to make keys for it")
@@ -223,12 +219,9 @@ class ServeClient:
     def open_session(self, model: str, keys: Any = None, allow_insecure: bool = False,
                      progress: Progress | None = None) -> RemoteSession:
         """Make keys (or use ``keys``, a client for this model) and upload the public context once."""
-        from polyfhe.program.engines import client_for
-
         if keys is None:
             manifest = self.manifest(model, allow_insecure)
-            keys = self.concrete_client(model, manifest) if manifest.scheme == "concrete" \
-                else client_for(manifest)
+            keys = self.make_keys(model, manifest)
         context = keys.public_context()
         t0 = time.perf_counter()
         info = self.request("POST", "/v1/sessions", params={"model": model}, content=context,
@@ -238,20 +231,24 @@ class ServeClient:
         return RemoteSession(self, str(info["session_id"]), model, keys, len(context), upload_s, info,
                              reopen=lambda: self.open_session(model, keys, progress=progress))
 
-    def concrete_client(self, model: str, manifest: Any) -> Any:
-        """Keys for a Concrete ML model, made from its ``client.zip`` (checked against the manifest's hash)."""
+    def make_keys(self, model: str, manifest: Any) -> Any:
+        """A key holder for the model, from the client its kind names: a CKKS engine's from the manifest alone;
+        Concrete ML's from the model's ``client.zip`` too (fetched, and checked against the manifest's hash)."""
+        kind = kind_of(manifest)
+        if not kind.client_files:
+            return kind.client(manifest)
         import hashlib
         import tempfile
-        from pathlib import Path
 
-        from polyfhe.engines.concrete.program import ConcreteClient, ConcreteProgram
-
-        data = self.request("GET", f"/v1/models/{model}/client.zip").content
-        if hashlib.sha256(data).hexdigest() != manifest.files.get("client.zip"):
-            raise ServeError(0, "bad_client_zip", f"the client.zip of {model} does not match its manifest")
-        folder = tempfile.TemporaryDirectory(prefix="polyfhe-concrete-client-")
-        (Path(folder.name) / "client.zip").write_bytes(data)
-        return ConcreteClient(ConcreteProgram(manifest, Path(folder.name), owned=folder))
+        folder = tempfile.TemporaryDirectory(prefix=f"polyfhe-{kind.engine(manifest)}-client-")
+        for name in kind.client_files:
+            data = self.request("GET", f"/v1/models/{model}/{name}").content
+            if hashlib.sha256(data).hexdigest() != manifest.files.get(name):
+                folder.cleanup()
+                raise ServeError(0, f"bad_{name.replace('.', '_')}", f"the {name} of {model} does not match its "
+                                 "manifest")
+            (Path(folder.name) / name).write_bytes(data)
+        return kind.client(manifest, folder)
 
     def keyed_session(self, model: str, keys: Any, session_id: str | None = None,
                       on_open: Callable[[str], None] | None = None, progress: Progress | None = None) -> RemoteSession:

@@ -141,6 +141,9 @@ class _WorkerProcess:
         with self._lock:
             self.alive = False
         self.conn.close()
+        # closing our end does not end the worker: this process's reader thread still holds the pipe, so the
+        # worker would wait out the join's timeout (5 s a worker at every shutdown). It keeps nothing to save.
+        self.proc.terminate()
         self.proc.join(timeout=5)
         if self.proc.is_alive():
             self.proc.kill()

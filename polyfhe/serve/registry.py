@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polyfhe.program.engines import max_context_bytes, public_context_bytes
+from polyfhe.program.ckks_kind import estimated_sizes
+from polyfhe.program.ckks_program import CKKSProgram
+from polyfhe.program.engines import kind_of, load_served_program, max_context_bytes
 from polyfhe.program.manifest import ProgramError
-from polyfhe.program.params import estimated_sizes as params_sizes
 from polyfhe.runtime.plaintexts import DEFAULT_PLAINTEXT_BYTES, store_with_budget
-from polyfhe.runtime.program import CKKSProgram, load_program
 
 __all__ = ["CARD_FILE", "Model", "Registry", "RegistryError", "estimated_sizes"]
 
@@ -36,13 +36,6 @@ CARD_KEYS = {"accuracy": float, "dataset": str, "description": str, "test_images
 
 class RegistryError(ValueError):
     """The programs folder is missing or holds no usable program."""
-
-
-def estimated_sizes(program: CKKSProgram) -> dict[str, int]:
-    """Uncompressed SEAL sizes in bytes of this program's keys and input ciphertexts."""
-    m = program.manifest
-    sizes = params_sizes(program.params, len(m.galois_steps))
-    return {**sizes, "input_ciphertext": sizes["ciphertext"] * (1 if m.layout == "single" else m.input_size)}
 
 
 def _read_card(folder: Path) -> dict[str, Any]:
@@ -93,44 +86,14 @@ class Model:
         return min(server_limit, self._context_bound) if self._context_bound else server_limit
 
     def describe(self) -> dict[str, Any]:
-        if self.program.scheme == "concrete":
-            return self._describe_concrete()
-        m, p = self.program.manifest, self.program.params
-        sizes = estimated_sizes(self.program)
-        out = {
-            "name": self.name, "scheme": "ckks", "engine": m.backend, "program_id": m.program_id,
-            "model_name": m.model_name,
-            "layout": m.layout, "input_shape": list(m.input_shape), "classes": m.output_size,
-            "degree": m.degree, "depth": m.depth, "levels": p.levels,
-            "params": p.to_dict(), "params_text": p.describe(), "galois_keys": len(m.galois_steps),
-            "input_range": list(m.input_range),
-            "key_sizes": {"estimated_public_context_bytes": public_context_bytes(m),
-                          "estimated_decoded_public_context_bytes": sizes["public_context"],
-                          "estimated_galois_keys_bytes": sizes["galois_keys"],
-                          "estimated_relin_keys_bytes": sizes["relin_keys"],
-                          "observed_public_context_bytes": self.observed_context_bytes},
-            "estimated_ciphertext_bytes": sizes["input_ciphertext"],
-            "accuracy": self.card.get("accuracy"), "dataset": self.card.get("dataset"),
-            "card": self.card,
-        }
-        lanes = getattr(m, "samples_per_ciphertext", None)
-        if lanes is not None:
-            out["samples_per_ciphertext"] = int(lanes)
+        """The program's card from its kind (CKKS: ring, keys, sizes; Concrete ML: quantisation), with the model's."""
+        out = {"name": self.name, **kind_of(self.program).card(self.program)}
+        out["key_sizes"] = {**out.get("key_sizes", {}), "observed_public_context_bytes": self.observed_context_bytes}
+        samples = out.pop("samples_per_ciphertext", None)
+        out.update({"accuracy": self.card.get("accuracy"), "dataset": self.card.get("dataset"), "card": self.card})
+        if samples is not None:
+            out["samples_per_ciphertext"] = samples
         return out
-
-    def _describe_concrete(self) -> dict[str, Any]:
-        """A Concrete ML (TFHE) program's card: integers of a few bits, one sample per query, no CKKS ring."""
-        m = self.program.manifest
-        info = m.info
-        return {
-            "name": self.name, "scheme": "tfhe", "engine": f"concrete-ml {m.versions.get('concrete_ml', '?')}",
-            "program_id": m.program_id, "model_name": info.get("model_name"), "layout": m.layout,
-            "input_shape": list(m.input_shape), "classes": m.output_size, "degree": info.get("degree"),
-            "quantization": m.quantization, "n_bits": m.n_bits, "max_bit_width": info.get("max_bit_width"),
-            "params_text": f"TFHE via Concrete ML, {m.quantization} quantisation at n_bits={m.n_bits}",
-            "samples_per_ciphertext": 1, "key_sizes": {"observed_public_context_bytes": self.observed_context_bytes},
-            "accuracy": self.card.get("accuracy"), "dataset": self.card.get("dataset"), "card": self.card,
-        }
 
 
 class Registry:
@@ -169,28 +132,15 @@ class Registry:
             self.skipped[name] = "folder name must be 1-64 letters, digits, '.', '_' or '-'"
             log.info("skipping program folder %r: %s", name, self.skipped[name])  # callers report ``skipped``
             return
-        from polyfhe.engines.concrete import (
-            ConcreteEnvMissing,
-            ConcreteProgramError,
-            find_env,
-            is_concrete_program,
-            load_concrete_program,
-        )
-
         try:
-            if is_concrete_program(folder):
-                find_env()  # its servers run in Concrete ML's environment: refuse at start-up, not per session
-                program = load_concrete_program(folder)
-                self.models[name] = Model(name, program, _read_card(folder), folder=folder)
-                log.info("serving model %s (Concrete ML program %s)", name, program.program_id)
-                return
-            program = load_program(folder)
-        except (ProgramError, ConcreteProgramError, ConcreteEnvMissing) as exc:
+            program = load_served_program(folder)  # by the format its manifest names
+        except ProgramError as exc:
             self.skipped[name] = str(exc)
             log.info("skipping program %s: %s", name, exc)  # callers report ``skipped`` (serve prints it once)
             return
         self.models[name] = Model(name, program, _read_card(folder), folder=folder)
-        log.info("serving model %s (program %s, %s)", name, program.program_id, program.params.describe())
+        log.info("serving model %s (program %s, %s)", name, program.program_id,
+                 kind_of(program).params_text(program.manifest))
 
     def get(self, name: str) -> Model | None:
         return self.models.get(name)

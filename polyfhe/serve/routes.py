@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from polyfhe.program.engines import decoded_context_bytes
+from polyfhe.program.engines import decoded_context_bytes, kind_of
 from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT
 from polyfhe.serve.auth import TokenAuth
 from polyfhe.serve.bodies import Pace, declared_length, read_body
@@ -290,7 +290,7 @@ def _add_public_routes(app: FastAPI, served: Served) -> None:
     async def client_zip(name: str) -> Response:
         """A Concrete ML model's client specs and quantisers (public): what a client makes its keys from."""
         entry = served.model_or_404(name)
-        if entry.program.scheme != "concrete":
+        if "client.zip" not in kind_of(entry.program).client_files:
             raise ApiError(404, "not_concrete", f"{name} is a CKKS model: its client needs only the manifest")
         return Response((entry.program.directory / "client.zip").read_bytes(), media_type="application/zip")
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import struct
 
+from polyfhe.program.ckks_program import CKKSProgram
+from polyfhe.program.engines import kind_of
 from polyfhe.program.wire import (
     KIND_CONTEXT,
     KIND_NAMES,
@@ -18,7 +20,6 @@ from polyfhe.program.wire import (
     MAX_HEADER_NESTING,
     header_nesting,
 )
-from polyfhe.runtime.program import CKKSProgram
 from polyfhe.serve.errors import ApiError
 
 __all__ = ["check_upload"]
@@ -57,9 +58,7 @@ def check_upload(data: bytes, expect: bytes, program: CKKSProgram) -> dict:
                        f"this model runs program {program.program_id!r}; fetch its manifest from "
                        "/v1/models/NAME/manifest and make keys for it")
     if header.get("params") != program.params_fingerprint:  # a Concrete fingerprint never equals a CKKS one
-        if program.scheme == "concrete":
-            raise ApiError(422, "wrong_parameters", f"the {what} was not made for this model's Concrete ML program")
-        raise ApiError(422, "wrong_parameters", f"the {what} uses other CKKS parameters than this model's: "
-                       f"{program.params.describe()}", extra={"params": program.params.to_dict()})
+        detail, extra = kind_of(program).wrong_parameters(program, what)
+        raise ApiError(422, "wrong_parameters", detail, extra=extra)
     return header
 

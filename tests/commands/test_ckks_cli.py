@@ -178,7 +178,7 @@ def test_export_of_a_checkpoint_takes_raw_images(tmp_path, capsys):
     for ckpt, out in (("ckpt", "prog"), ("raw", "plain")):  # default calibration: digits in [0, 1]
         assert main(["export", str(tmp_path / ckpt), "--out", str(tmp_path / out)]) == 0
     capsys.readouterr()
-    from polyfhe.runtime.program import load_program
+    from polyfhe.program.ckks_program import load_program
 
     prog = load_program(tmp_path / "prog")
     with torch.no_grad():

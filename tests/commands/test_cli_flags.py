@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from polyfhe.cli import main
-from polyfhe.runtime.program import load_program
+from polyfhe.program.ckks_program import load_program
 
 pytestmark = pytest.mark.fhe
 

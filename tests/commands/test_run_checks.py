@@ -57,7 +57,7 @@ def test_clip_runs_with_a_python_warning_saying_how_many(program_dir, tmp_path, 
 
 @pytest.mark.fhe
 def test_more_samples_than_a_ciphertext_holds_run_in_chunks(program_dir, tmp_path, capsys):
-    from polyfhe.runtime.program import load_program
+    from polyfhe.program.ckks_program import load_program
 
     prog, x = program_dir
     lanes = load_program(prog).manifest.samples_per_query

@@ -12,7 +12,7 @@ from polyfhe.exporters.ckks import CKKSExportError, export_ckks
 from polyfhe.program.engines import BACKEND_NAMES, get_backend
 from polyfhe.program.params import CKKSParams, ParameterError
 from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
-from polyfhe.runtime.program import load_program
+from polyfhe.program.ckks_program import load_program
 
 pytestmark = pytest.mark.fhe
 

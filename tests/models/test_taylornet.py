@@ -289,7 +289,8 @@ def test_tiny_taylor_mixer_encrypted_matches_plaintext() -> None:
     from ckks_testlib import accuracy, digits, encrypted_and_plain, train
 
     torch.manual_seed(0)
-    model = train(build_taylor_mixer(img_size=8, patch_size=2, dim=8, token_rank=3, channel_rank=3), epochs=30,
+    # 12 epochs reach about 0.94 (30 gave 0.96 for 12 s more); the encrypted part is what this test is about
+    model = train(build_taylor_mixer(img_size=8, patch_size=2, dim=8, token_rank=3, channel_rank=3), epochs=12,
                   lr=0.01, batch_size=64)
     _, _, x, y = digits()
     acc = accuracy(model, x, y)

@@ -11,7 +11,7 @@ from torch import nn
 
 from polyfhe.cli import main
 from polyfhe.program.params import CKKSParams, InsecureParametersError, require_secure
-from polyfhe.runtime.program import load_program
+from polyfhe.program.ckks_program import load_program
 
 pytestmark = pytest.mark.fhe
 

@@ -18,7 +18,7 @@ import pytest
 
 from polyfhe.program.manifest import ProgramError, ProgramManifest, compute_program_id
 from polyfhe.program.steps import BootstrapAttrs, LinearAttrs, MatMulAttrs, Step, Term
-from polyfhe.runtime.program import load_program
+from polyfhe.program.ckks_program import load_program
 
 DATA = Path(__file__).parent / "data"
 FIXTURES = ["legacy_program", "legacy_batch_program"]

@@ -17,7 +17,7 @@ import polyfhe
 from polyfhe.cli import main
 from polyfhe.engines.seal.ops import naf_terms, rotation_key_switches
 from polyfhe.runtime.plaintexts import PlaintextKey, PlaintextStore, plaintext_cost, store_with_budget
-from polyfhe.runtime.program import CKKSProgram
+from polyfhe.program.ckks_program import CKKSProgram
 
 
 @dataclasses.dataclass
@@ -179,7 +179,7 @@ def test_a_failed_encode_is_not_cached_and_is_tried_again():
 
 
 def test_a_program_keeps_one_store_for_its_servers_and_budgets_apply_to_it():
-    from polyfhe.runtime.program import CKKSProgram
+    from polyfhe.program.ckks_program import CKKSProgram
 
     prog = CKKSProgram(manifest=None, arrays={})
     first = prog.shared.plaintexts

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testlib.ckks_testlib import digits, export_bootstrapping_mlp, square_cnn
 
 from polyfhe.exporters.ckks import export_ckks
+from polyfhe.program.slot_layout import pack_single, unpack_single
 from polyfhe.runtime import execute as ex
 
 
@@ -24,8 +25,8 @@ def _one_ciphertext_at_a_time(program, x: np.ndarray) -> np.ndarray:
     outs = []
     for start in range(0, len(flat), lanes):
         chunk = flat[start:start + lanes]
-        vec = ex.execute(program, ex.NumpyOps(m.params.slots), ex.pack_single(m, chunk))
-        outs.append(ex.unpack_single(m, vec, len(chunk)))
+        vec = ex.execute(m, program.arrays, ex.NumpyOps(m.params.slots), pack_single(m, chunk))
+        outs.append(unpack_single(m, vec, len(chunk)))
     return np.concatenate(outs)
 
 

@@ -11,7 +11,7 @@ from serve_testlib import TINY, free_port
 
 from polyfhe.cli import main
 from polyfhe.program.manifest import ProgramError
-from polyfhe.runtime.program import load_program
+from polyfhe.program.ckks_program import load_program
 from polyfhe.serve.http_client import ServeClient, ServeError
 
 pytestmark = pytest.mark.fhe

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -44,7 +46,26 @@ def encrypted_and_plain(model: nn.Module, x: np.ndarray, min_samples: int = 16, 
     return enc, plain
 
 
+def _trained_once(build):
+    """``build()`` (seeded, so always the same model) runs once per session: later calls get a deep copy, and the
+    torch RNG state training left behind, so that a caller sees what a fresh training would have given it."""
+    cache: list = []
+
+    @functools.wraps(build)
+    def get() -> nn.Module:
+        if not cache:
+            model = build()
+            cache.append((model, torch.get_rng_state()))
+        model, state = cache[0]
+        torch.set_rng_state(state)
+        return copy.deepcopy(model)
+
+    return get
+
+
+@_trained_once
 def digits_mlp() -> nn.Module:
+    """64 -> 32 -> x^2 -> 10, trained on digits (a dozen test files use it: trained once per session)."""
     torch.manual_seed(0)
     return train(nn.Sequential(nn.Flatten(), nn.Linear(64, 32), Square(), nn.Linear(32, 10)))
 
@@ -57,6 +78,7 @@ def digits_program():
     return export_ckks(digits_mlp(), calibration=x[:64], input_shape=(1, 8, 8)), x
 
 
+@_trained_once
 def square_cnn() -> nn.Module:
     """Depthwise, dilated and strided convolutions, BN, x^2, x^3 via Pow, average pooling, a Gemm head."""
     torch.manual_seed(0)

@@ -26,7 +26,7 @@ from polyfhe.exporters.ckks.passes.ranges import calibration_samples
 from polyfhe.exporters.ckks.state import CKKSExportError, CompileState
 from polyfhe.program.engine_api import BootstrapModel
 from polyfhe.program.manifest import ProgramManifest
-from polyfhe.runtime.program import CKKSProgram
+from polyfhe.program.ckks_program import CKKSProgram
 
 __all__ = ["BOOTSTRAP_CALIBRATION_SAMPLES", "PASS", "bootstrap_price", "program_manifest"]
 

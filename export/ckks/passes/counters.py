@@ -27,7 +27,8 @@ def run(state: CompileState) -> None:
     plan, params = state.plan, state.params
     lanes = int(plan.stats.get("samples_per_ciphertext", 1))
     state.planned = plan_counters(plan.steps, plan.arrays, [g // lanes for g in plan.galois_steps], params,
-                                  state.options.layout, params.slots // lanes)
+                                  state.options.layout, params.slots // lanes, output=state.circuit.output,
+                                  input_size=state.circuit.input_size)
     if state.boot_info:  # Lattigo's keys travel uncompressed
         galois = estimated_sizes(params, len(plan.galois_steps))["galois_keys"]
         state.server_peak = server_peak(state.planned, state.boot_info, galois)

@@ -16,7 +16,7 @@ from polyfhe.exporters.ckks.passes.ranges import calibration_samples
 from polyfhe.exporters.ckks.state import BootstrapInstead, CKKSExportError, CompileState
 from polyfhe.program.engines import KeySetTooLarge
 from polyfhe.program.params import ParameterError
-from polyfhe.runtime.program import CKKSProgram
+from polyfhe.program.ckks_program import CKKSProgram
 
 __all__ = ["PASS", "manifest_info"]
 

@@ -1,4 +1,4 @@
-"""A compiled Concrete ML (TFHE) program with the same shape of API as :class:`~polyfhe.runtime.program.CKKSProgram`.
+"""A compiled Concrete ML (TFHE) program with the same shape of API as :class:`~polyfhe.program.ckks_program.CKKSProgram`.
 
 A program folder holds ``manifest.json``, Concrete ML's ``client.zip`` and ``server.zip`` and the folded
 ``model.onnx`` it was compiled from; the program id hashes the manifest and the three files, so a changed or
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from polyfhe.engines.concrete import keyset
+from polyfhe.engines.concrete import FORMAT, keyset
 from polyfhe.engines.concrete.keys import check_keys_fit, describe, progress
 from polyfhe.engines.concrete.worker import (
     ConcreteCallError,
@@ -33,21 +33,21 @@ from polyfhe.engines.concrete.worker import (
     array_blob,
     blob_array,
 )
+from polyfhe.program.errors import ProgramError
 from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, MAGIC, WireError, pack, unpack
 
 __all__ = ["FORMAT", "ConcreteClient", "ConcreteManifest", "ConcreteProgram", "ConcreteServer",
-           "is_concrete_program", "load_concrete_program"]
+           "is_concrete_program", "load_concrete_program", "load_for_serving"]
 
 log = logging.getLogger(__name__)
 
-FORMAT = "polyfhe-concrete/1"
 FILES = ("client.zip", "server.zip", "model.onnx")
 DEFAULT_MAX_KEYS_BYTES = 4 << 30  # polyfhe.engines.concrete.keys.DEFAULT_MAX_KEYS_BYTES: the server's context limit
 DEFAULT_MAX_CIPHERTEXT_BYTES = 64 << 20
 
 
-class ConcreteProgramError(ValueError):
-    """A program folder is missing, malformed or does not match its id."""
+class ConcreteProgramError(ProgramError):
+    """A program folder is missing, malformed or does not match its id (a ``ValueError``, as every program's)."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +222,18 @@ def load_concrete_program(directory: str | Path) -> ConcreteProgram:
     if compute_program_id(manifest) != manifest.program_id:
         raise ConcreteProgramError(f"program id mismatch in {root} (modified manifest)")
     return ConcreteProgram(manifest, root)
+
+
+def load_for_serving(directory: str | Path) -> ConcreteProgram:
+    """The program, for a server: its sessions run in Concrete ML's environment, so a machine without one refuses
+    the program at start-up (the environment's message, naming the command that creates it), not per session."""
+    from polyfhe.engines.concrete.env import ConcreteEnvMissing, find_env
+
+    try:
+        find_env()
+    except ConcreteEnvMissing as exc:
+        raise ConcreteProgramError(str(exc)) from exc
+    return load_concrete_program(directory)
 
 
 def _check_identity(header: dict, manifest: ConcreteManifest, what: str) -> None:

@@ -73,7 +73,7 @@ from polyfhe.program.wire import (
     pack,
     unpack,
 )
-from polyfhe.runtime.execute import pack_single, unpack_single
+from polyfhe.program.slot_layout import pack_single, unpack_single
 
 __all__ = ["BACKEND", "LattigoClient", "LattigoServer", "key_set_bytes", "lattigo_primes", "lower",
            "max_context_bytes", "modulus_bits", "planned_counts"]
@@ -213,7 +213,7 @@ def _check_key_set(params, galois_keys: int, needs_relin: bool) -> None:
 
 def _prepare(program):
     """Lower once at export: the rotation steps the evaluator needs become the manifest's Galois keys."""
-    from polyfhe.runtime.program import CKKSProgram
+    from polyfhe.program.ckks_program import CKKSProgram
 
     check_security(program.params, bootstrap_spec(program.manifest))
     lowered = lower(program)

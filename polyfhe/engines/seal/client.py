@@ -28,7 +28,7 @@ from polyfhe.program.wire import (
     pack,
     unpack,
 )
-from polyfhe.runtime.execute import pack_single, unpack_single
+from polyfhe.program.slot_layout import pack_single, unpack_single
 
 __all__ = ["CKKSClient"]
 

@@ -19,7 +19,7 @@ import numpy as np
 from polyfhe.engines.seal.context import SealContext
 from polyfhe.runtime.execute import execute
 from polyfhe.runtime.plaintexts import PlaintextKey, PlaintextStore
-from polyfhe.runtime.program import CKKSProgram
+from polyfhe.program.ckks_program import CKKSProgram
 
 __all__ = ["ScaleOps", "WarmStats", "warm_plaintexts"]
 
@@ -112,7 +112,7 @@ def warm_plaintexts(program: CKKSProgram, store: PlaintextStore | None = None) -
     if m.backend != "seal" or m.layout != "single":
         return WarmStats(0, before.entries, before.bytes, 0.0)  # Lattigo encodes at load; batch: scalars only
     ops = ScaleOps(SealContext(m.params), store)
-    execute(program, ops, _Shape(0, m.params.scale), threads=1)
+    execute(m, program.arrays, ops, _Shape(0, m.params.scale), threads=1)
     after = store.stats()
     stats = WarmStats(after.encodes - before.encodes, after.entries, after.bytes, time.perf_counter() - start)
     log.info("program %s: %d plaintexts encoded ahead of its first query in %.1f s (the store holds %d, %.2f GB)",

@@ -28,7 +28,7 @@ from polyfhe.program.boundary import (
 from polyfhe.program.wire import KIND_CONTEXT, WireError, unpack
 from polyfhe.runtime.execute import execute
 from polyfhe.runtime.plaintexts import PlaintextStore
-from polyfhe.runtime.program import CKKSProgram
+from polyfhe.program.ckks_program import CKKSProgram
 
 __all__ = ["CKKSServer"]
 
@@ -108,7 +108,7 @@ class CKKSServer:
         before = self._ops.stats()
         evictions = self.plaintext_store.stats().evictions
         start = cts[0] if self.program.manifest.layout == "single" else cts
-        result = execute(self.program, self._ops, start)
+        result = execute(self.program.manifest, self.program.arrays, self._ops, start)
         outs = [result] if self.program.manifest.layout == "single" else result
         dumped = [to_version(self.seal.dump(ct), self.client_version) for ct in outs]  # the client's SEAL reads it
         seconds = time.perf_counter() - t0

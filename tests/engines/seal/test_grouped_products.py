@@ -15,7 +15,7 @@ from torch import nn
 import polyfhe
 from polyfhe.engines.seal.ops import SealOps
 from polyfhe.runtime import execute as ex
-from polyfhe.runtime.program import CKKSProgram
+from polyfhe.program.ckks_program import CKKSProgram
 
 pytestmark = pytest.mark.fhe
 

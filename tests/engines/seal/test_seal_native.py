@@ -40,7 +40,7 @@ from polyfhe.engines.seal.native import (
 from polyfhe.engines.seal.ops import SealOps
 from polyfhe.program.params import CKKSParams
 from polyfhe.runtime.plaintexts import PlaintextKey
-from polyfhe.runtime.program import CKKSProgram
+from polyfhe.program.ckks_program import CKKSProgram
 
 pytestmark = pytest.mark.fhe
 

@@ -51,7 +51,8 @@ from polyfhe.program.bootstrapping import BootstrapSpec
 from polyfhe.program.manifest import Step
 from polyfhe.program.params import MAX_BITS_128, CKKSParams, ParameterError
 from polyfhe.program.steps import Diagonals, LinearAttrs, Term
-from polyfhe.runtime.execute import pack_single, run_plain
+from polyfhe.program.slot_layout import pack_single
+from polyfhe.runtime.execute import run_plain
 
 LATTIGO = importlib.util.find_spec("lattigo") is not None
 # 3 levels between bootstraps, on its own ring; INSECURE on purpose (240 bits at N=4096, whose 128-bit bound is 109)
@@ -421,14 +422,14 @@ def test_bootstrapped_program_reports_its_placement_and_matches_torch_in_plain(d
     x = digits()[2][:32]
     with torch.no_grad():
         ref = model(torch.tensor(x, dtype=torch.float32)).double().numpy()
-    assert np.abs(run_plain(prog, x) - ref).max() < 1e-4
+    assert np.abs(run_plain(prog.manifest, prog.arrays, x) - ref).max() < 1e-4
     # the Lattigo container's own semantics (scale bookkeeping and bootstrap nodes) give the same logits
     lowered = lower(prog)
     header, _ = parse_container(lowered.data)
     assert header["manifest"]["bootstrap_slots"] == [info["slots"]] and header["params"]["btp_logn"] == 12
     m = prog.manifest
     vec = run_container_plain(lowered.data, pack_single(m, x[: m.samples_per_ciphertext].reshape(-1, 64)))
-    from polyfhe.runtime.execute import unpack_single
+    from polyfhe.program.slot_layout import unpack_single
 
     out = unpack_single(m, vec, min(len(x), m.samples_per_ciphertext))
     assert np.abs(out - ref[: len(out)]).max() < 1e-4
@@ -470,7 +471,7 @@ def test_packed_registers_share_a_sparse_bootstrap_and_agree_with_the_plaintext_
     x = digits()[2][: prog.manifest.samples_per_ciphertext]
     with torch.no_grad():
         ref = model(torch.tensor(x, dtype=torch.float32)).double().numpy()
-    assert np.abs(run_plain(prog, x) - ref).max() < 1e-4
+    assert np.abs(run_plain(prog.manifest, prog.arrays, x) - ref).max() < 1e-4
     client = prog.client()
     server = prog.server(client.public_context())
     out = client.decrypt(server.run(client.encrypt(x)))
@@ -490,14 +491,14 @@ def test_packing_saves_a_bootstrap_per_packed_cut_and_changes_no_logit(deep_prog
                                                  strict=True) if p)
     assert alone.manifest.info["bootstrap"]["count"] == prog.manifest.info["bootstrap"]["count"] + extra
     x = digits()[2][:64]
-    np.testing.assert_allclose(run_plain(prog, x), run_plain(alone, x), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(run_plain(prog.manifest, prog.arrays, x), run_plain(alone.manifest, alone.arrays, x), rtol=0, atol=1e-9)
 
 
 # the child's own high-water mark (VmHWM): ru_maxrss would carry the forking test process's across exec
 SERVER_PEAK_SCRIPT = """
 import mmap, sys
 from polyfhe.procinfo import peak_resident_bytes
-from polyfhe.runtime.program import load_program
+from polyfhe.program.ckks_program import load_program
 prog = load_program(sys.argv[1])
 with open(sys.argv[2], "rb") as f:
     context = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -606,7 +607,7 @@ def test_128_bit_bootstrapping_is_refused_within_a_24_gib_machine_saying_what_it
 def test_cli_exports_a_deep_model_with_bootstraps_and_refuses_it_with_bootstrap_off(tmp_path, capsys):
     from polyfhe.cli import main
     from polyfhe.exporters.onnx import export_onnx
-    from polyfhe.runtime.program import load_program
+    from polyfhe.program.ckks_program import load_program
 
     onnx_path = tmp_path / "deep.onnx"
     export_onnx(_deep_chain(), onnx_path, (1, 8, 8))

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from polyfhe.exporters.ckks import CKKSExportError, export_ckks
 from polyfhe.program.manifest import ProgramError
 from polyfhe.program.params import CKKSParams, ParameterError, choose_params, validate
-from polyfhe.runtime.program import load_program
+from polyfhe.program.ckks_program import load_program
 
 
 def _torch_out(model, x):

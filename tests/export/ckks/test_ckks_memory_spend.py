@@ -111,7 +111,7 @@ def test_a_server_over_budget_computes_its_shifts_on_their_own(merged_program, c
     x = digits()[0][:4].reshape(-1, 1, 8, 8)
     with torch.no_grad():
         reference = _model().double()(torch.from_numpy(x)).numpy()
-    plain = run_plain(prog, x)
+    plain = run_plain(prog.manifest, prog.arrays, x)
     assert np.allclose(plain, reference, atol=1e-6 * max(1.0, np.abs(reference).max()))
 
 
@@ -150,7 +150,7 @@ def test_the_factored_program_runs_encrypted_and_its_server_keeps_no_container(m
     server = prog.server(client.public_context())
     lanes = prog.manifest.samples_per_ciphertext
     logits = client.decrypt(server.run(client.encrypt(x[:lanes])))[: len(x[:lanes])]
-    plain = run_plain(prog, x[:lanes])
+    plain = run_plain(prog.manifest, prog.arrays, x[:lanes])
     assert np.abs(logits - plain).max() < 0.05 * max(1.0, np.abs(plain).max())
     assert np.array_equal(logits.argmax(1), plain.argmax(1))
     # the model's container went to Go when it loaded; the server keeps only what it checks inputs against

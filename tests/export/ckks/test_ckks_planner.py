@@ -20,8 +20,9 @@ from polyfhe.exporters.ckks.opmatrix import conv_matrix
 from polyfhe.exporters.ckks.plan import plan_single
 from polyfhe.program.manifest import ProgramManifest
 from polyfhe.program.params import CKKSParams
-from polyfhe.runtime.execute import NumpyOps, execute, pack_single, unpack_single
-from polyfhe.runtime.program import CKKSProgram
+from polyfhe.program.ckks_program import CKKSProgram
+from polyfhe.program.slot_layout import pack_single, unpack_single
+from polyfhe.runtime.execute import NumpyOps, execute
 
 
 def _images(n: int, seed: int = 0) -> np.ndarray:
@@ -93,7 +94,7 @@ def _run_circuit(circuit: Circuit, slots: int, x: np.ndarray) -> np.ndarray:
         input_slots=plan.input_slots, output_slots=plan.output_slots,
         samples_per_ciphertext=int(plan.stats["samples_per_ciphertext"]))
     program = CKKSProgram.create(manifest, plan.arrays)
-    vec = execute(program, NumpyOps(slots), pack_single(manifest, x), threads=1)
+    vec = execute(program.manifest, program.arrays, NumpyOps(slots), pack_single(manifest, x), threads=1)
     return unpack_single(manifest, vec, len(x))
 
 

@@ -14,7 +14,7 @@ from graph_gen import ALL_KINDS, MAX_PRODUCTS, calibration_inputs, onnx_referenc
 
 import polyfhe
 from polyfhe.engines.lattigo.format import lower_program, run_container_plain
-from polyfhe.runtime.execute import pack_single, unpack_single
+from polyfhe.program.slot_layout import pack_single, unpack_single
 
 # Chosen from seeds 0-699 (all compile and match, with one and with several samples per ciphertext, except 455,
 # whose output is constant: three shifts empty its 2x2 image, and the compiler refuses the zero map) so that

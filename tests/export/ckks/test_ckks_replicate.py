@@ -10,7 +10,7 @@ from torch import nn
 import polyfhe
 from polyfhe.engines.lattigo.format import lower_program, run_container_plain
 from polyfhe.program.manifest import ProgramError, ProgramManifest
-from polyfhe.runtime.execute import pack_single, unpack_single
+from polyfhe.program.slot_layout import pack_single, unpack_single
 
 
 class StemNet(nn.Module):

@@ -1,5 +1,8 @@
 """A compiled CKKS program: its manifest plus the named numpy arrays its steps read. No pickle, no torch.
 
+It lives below the runtime and the engines: ``run_plain``, ``client()`` and ``server()`` reach them through the
+name registry (:mod:`polyfhe.program.engines`), never by import.
+
 ``save(dir)`` writes ``manifest.json`` and ``arrays.npz``; :func:`load_program` reads them back with
 ``allow_pickle=False`` and checks the format, the array names every step refers to, and the program id (a
 hash over the manifest and the arrays), so a tampered or truncated program is refused before it runs.
@@ -16,12 +19,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from polyfhe.program.engines import get_backend, load_other_format
+from polyfhe.program.engines import get_backend, load_other_format, new_plaintext_store, plain_executor
 from polyfhe.program.manifest import ProgramError, ProgramManifest, compute_program_id
 from polyfhe.program.params import CKKSParams, fingerprint_params
+from polyfhe.program.slot_layout import as_samples, sample_shape
 from polyfhe.program.summary import ProgramSummary
-from polyfhe.runtime.execute import run_plain
-from polyfhe.runtime.plaintexts import PlaintextStore
 
 __all__ = ["CKKSProgram", "SharedState", "load_program"]
 
@@ -32,7 +34,8 @@ log = logging.getLogger(__name__)
 class SharedState:
     """What the servers of one program share in this process: built on first use, never saved."""
 
-    plaintexts: PlaintextStore = field(default_factory=PlaintextStore)  # SEAL's encoded diagonals and biases
+    # SEAL's encoded diagonals and biases: a polyfhe.runtime.plaintexts.PlaintextStore (made through the registry)
+    plaintexts: Any = field(default_factory=new_plaintext_store)
     engines: dict[str, Any] = field(default_factory=dict)  # an engine's loaded model, by backend name
     lock: threading.Lock = field(default_factory=threading.Lock)  # guards ``engines`` while a model loads
 
@@ -91,11 +94,12 @@ class CKKSProgram:
         ciphertext holds.
         """
         m = self.manifest
-        flat = _samples(m, x)
+        flat = as_samples(m, x)
         if not len(flat):
             return np.zeros((0, m.output_size))
         chunk = m.samples_per_query if m.layout == "batch" else len(flat)  # single layout: run_plain packs lanes
-        return np.concatenate([run_plain(self, flat[i:i + chunk]) for i in range(0, len(flat), chunk)])
+        run_plain = plain_executor()
+        return np.concatenate([run_plain(m, self.arrays, flat[i:i + chunk]) for i in range(0, len(flat), chunk)])
 
     def summary(self) -> ProgramSummary:
         """What the program is and what compiling it measured: a dict (keys as in ``manifest.info`` plus the
@@ -110,7 +114,7 @@ class CKKSProgram:
         m = self.manifest
         size = _bytes(sum(a.nbytes for a in self.arrays.values()))
         return (f"CKKSProgram(id={m.program_id}, backend={m.backend}, layout={m.layout}, "
-                f"N={m.params.poly_modulus_degree}, depth={m.depth}, input={_sample_shape(m)}, "
+                f"N={m.params.poly_modulus_degree}, depth={m.depth}, input={sample_shape(m)}, "
                 f"outputs={m.output_size}, steps={len(m.steps)}, arrays={len(self.arrays)} ({size}))")
 
 
@@ -119,29 +123,6 @@ def _bytes(n: int) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
-
-
-def _sample_shape(m: ProgramManifest) -> tuple[int, ...]:
-    """The shape of one sample: the manifest's input shape without its leading batch axis of 1."""
-    shape = tuple(m.input_shape)
-    return shape[1:] if len(shape) > 1 and shape[0] == 1 else shape
-
-
-def _samples(m: ProgramManifest, x: Any) -> np.ndarray:
-    """``x`` (one sample or a batch; numpy, torch or nested lists) as float64 ``(n, input_size)``."""
-    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, read without importing torch
-        x = x.detach().cpu()
-        x = x.double() if x.is_floating_point() else x
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "fiub":
-        raise ValueError(f"input dtype {arr.dtype} is not real numeric; expected samples of shape {_sample_shape(m)}")
-    arr = arr.astype(np.float64, copy=False)
-    if arr.size == m.input_size:
-        return arr.reshape(1, m.input_size)
-    if arr.ndim > 1 and int(np.prod(arr.shape[1:])) == m.input_size:
-        return arr.reshape(-1, m.input_size)
-    raise ValueError(f"input of shape {arr.shape} is neither one sample of shape {_sample_shape(m)} "
-                     f"({m.input_size} values) nor a batch (n, ...) of such samples")
 
 
 def _require_file(root: Path, path: Path) -> None:
