@@ -24,9 +24,9 @@ from polyfhe.exporters.ckks.state import (
     CKKSExportError,
     CompileOptions,
 )
+from polyfhe.program.ckks_program import CKKSProgram
 from polyfhe.program.engines import DEFAULT_BACKEND
 from polyfhe.program.params import CKKSParams
-from polyfhe.program.ckks_program import CKKSProgram
 
 __all__ = ["BATCH_MEMORY_BUDGET", "BOOTSTRAP_MODES", "GALOIS_KEY_BUDGET", "PASSES",
            "CKKSExportError", "Circuit", "CompileOptions", "LoweringError", "export_ckks", "to_onnx_model"]

@@ -93,8 +93,8 @@ def run_create(args: argparse.Namespace) -> int:
 def _manifest(args: argparse.Namespace) -> tuple[Any, str | None, str | None]:
     """(manifest, server URL, model name) of the keys' target."""
     if args.program is not None:
-        from polyfhe.program.params import require_secure
         from polyfhe.program.ckks_program import load_program
+        from polyfhe.program.params import require_secure
 
         manifest = load_program(args.program).manifest
         require_secure(manifest.params, args.allow_insecure, "create keys for")

@@ -118,8 +118,8 @@ def _report(args: argparse.Namespace, machine: int, progress: _StageLine):
     target = str(args.model)
     path = Path(target)
     if path.is_dir():
-        from polyfhe.program.errors import ProgramError
         from polyfhe.program.ckks_program import load_program
+        from polyfhe.program.errors import ProgramError
 
         if args.img_size:
             raise ValueError(f"--img-size applies to zoo models; the program in {path} was compiled for its input")

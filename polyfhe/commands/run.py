@@ -83,10 +83,10 @@ def add_parser(subparsers: Any) -> None:
 # ----------------------------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     from polyfhe.program.boundary import InputError
+    from polyfhe.program.ckks_program import load_program
     from polyfhe.program.keydir import KeyDir, KeyDirError
     from polyfhe.program.manifest import ProgramError
     from polyfhe.program.params import InsecureParametersError, require_secure
-    from polyfhe.program.ckks_program import load_program
 
     apply_threads(args)
     from polyfhe.engines.concrete.program import is_concrete_program

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,29 +51,42 @@ __all__ = [
     "warm_plaintexts",
 ]
 
-# name -> engine folder; its ``__init__.py`` declares ``FACTS`` (EngineFacts): the light parts (scheme, program
-# format, process start, the page's client) and where its record lies, which loads on first use only
+# name -> (engine folder, scheme): one line per engine. The folder's ``__init__.py`` declares ``FACTS``
+# (EngineFacts): program format, process start, the page's client, where its record lies; read on first use. The
+# scheme stands here too, so the CKKS engines' names are known without importing any engine folder (a command
+# line's choices and ``--help`` list them)
 ENGINES = {
-    "seal": "polyfhe.engines.seal",
-    "lattigo": "polyfhe.engines.lattigo",
-    "concrete": "polyfhe.engines.concrete",
+    "seal": ("polyfhe.engines.seal", "ckks"),
+    "lattigo": ("polyfhe.engines.lattigo", "ckks"),
+    "concrete": ("polyfhe.engines.concrete", "concrete"),
 }
-
-
-def _facts(package: str) -> EngineFacts:
-    return importlib.import_module(package).FACTS
-
-
-_FACTS: dict[str, EngineFacts] = {name: _facts(package) for name, package in ENGINES.items()}
 # the CKKS engines: those with a Backend record (a manifest's ``backend`` names one of them)
-_MODULES = {name: facts.record.partition(":")[0] for name, facts in _FACTS.items() if facts.record}
-BACKEND_NAMES = tuple(_MODULES)
+BACKEND_NAMES = tuple(name for name, (_, scheme) in ENGINES.items() if scheme == "ckks")
 DEFAULT_BACKEND = "seal"  # see docs/ckks.md ("Engines") for the measurement behind this choice
 _LOADED: dict[str, Backend] = {}
-# name -> (module, function) a command-line entry point runs before any engine loads: settings an engine's native
-# libraries read only when the process starts (Lattigo: Go's collector); from each engine's facts
-_PROCESS_START = {name: tuple(facts.process_start.split(":", 1)) for name, facts in _FACTS.items()
-                  if facts.process_start}
+_FACTS: dict[str, EngineFacts] = {}
+
+
+class _ProcessStarts(Mapping):
+    """name -> (module, function) a command-line entry point runs before any engine loads: settings an engine's
+    native libraries read only when the process starts (Lattigo: Go's collector); from each engine's facts, read
+    when first asked for (a command that loads no engine never reads them)."""
+
+    def _table(self) -> dict[str, tuple[str, str]]:
+        return {name: tuple(engine_facts(name).process_start.split(":", 1)) for name in ENGINES
+                if engine_facts(name).process_start}
+
+    def __getitem__(self, name: str) -> tuple[str, str]:
+        return self._table()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+_PROCESS_START = _ProcessStarts()
 
 
 def resolve(reference: str) -> Any:
@@ -90,10 +104,17 @@ def engine_names() -> list[str]:
 
 
 def engine_facts(name: str) -> EngineFacts:
-    """The light facts of engine ``name`` (no engine module loaded); ``ValueError`` listing the names."""
-    if name not in _FACTS:
+    """The light facts of engine ``name`` (its folder's ``__init__.py``, no engine module); ``ValueError`` listing
+    the names."""
+    if name not in ENGINES:
         raise ValueError(f"unknown engine {name!r}; accepted: {engine_names()}")
+    if name not in _FACTS:
+        _FACTS[name] = importlib.import_module(ENGINES[name][0]).FACTS
     return _FACTS[name]
+
+
+def _every_facts() -> list[EngineFacts]:
+    return [engine_facts(name) for name in ENGINES]
 
 
 # the runtime sits above this package: a program reaches its plain executor and its plaintext store by module name
@@ -118,10 +139,10 @@ def new_plaintext_store():
 
 def get_backend(name: str) -> Backend:
     """The engine registered as ``name``; raises ``ValueError`` listing the accepted names."""
-    if name not in _MODULES:
+    if name not in BACKEND_NAMES:
         raise ValueError(f"unknown CKKS backend {name!r}; accepted: {list(BACKEND_NAMES)}")
     if name not in _LOADED:
-        _LOADED[name] = resolve(_FACTS[name].record)
+        _LOADED[name] = resolve(engine_facts(name).record)
     return _LOADED[name]
 
 
@@ -167,22 +188,22 @@ def program_engine(directory) -> str | None:
     raw = _manifest_of(directory)
     if raw is None:
         return None
-    return next((name for name, facts in _FACTS.items() if facts.program_format.claims(raw, name)), None)
+    return next((f.name for f in _every_facts() if f.program_format.claims(raw, f.name)), None)
 
 
 def load_other_format(directory) -> Any | None:
     """The program saved in ``directory`` by an engine with a format of its own (not CKKS's), or None when none
     claims it."""
     engine = program_engine(directory)
-    if engine is None or _FACTS[engine].scheme == "ckks":
+    if engine is None or engine_facts(engine).scheme == "ckks":
         return None
-    return resolve(_FACTS[engine].program_format.load)(directory)
+    return resolve(engine_facts(engine).program_format.load)(directory)
 
 
 def load_served_program(directory) -> Any:
     """The program in ``directory`` as a server offers it, by the format that claims it (a CKKS one where none
     does: its loader names what is wrong): ``ProgramError`` when it is not one, or this machine cannot serve it."""
-    fmt = _FACTS[program_engine(directory) or DEFAULT_BACKEND].program_format
+    fmt = engine_facts(program_engine(directory) or DEFAULT_BACKEND).program_format
     return resolve(fmt.serve or fmt.load)(directory)
 
 
@@ -190,8 +211,8 @@ def manifest_from_dict(raw: Any) -> Any:
     """The manifest a server sent (``/v1/models/NAME/manifest``), read by the format its ``format`` names (CKKS's
     where none does: its reader names what is wrong); ``ProgramError`` when it is not one."""
     found = raw.get("format") if isinstance(raw, dict) else None
-    fmt = next((f.program_format for f in _FACTS.values() if f.program_format.format == found),
-               _FACTS[DEFAULT_BACKEND].program_format)
+    fmt = next((f.program_format for f in _every_facts() if f.program_format.format == found),
+               engine_facts(DEFAULT_BACKEND).program_format)
     return resolve(fmt.manifest)(raw)
 
 
@@ -199,10 +220,10 @@ def kind_of(program_or_manifest) -> ProgramKind:
     """What a server and its clients do differently for this program (or manifest): the kind its scheme's engines
     declare (CKKS engines share theirs)."""
     scheme = program_or_manifest.scheme
-    facts = next((f for f in _FACTS.values() if f.scheme == scheme), None)
-    if facts is None:
+    engine = next((name for name, (_, runs) in ENGINES.items() if runs == scheme), None)
+    if engine is None:
         raise ValueError(f"no engine runs {scheme!r} programs; registered: {engine_names()}")
-    return resolve(facts.kind)
+    return resolve(engine_facts(engine).kind)
 
 
 def list_backends() -> list[str]:

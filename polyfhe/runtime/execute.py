@@ -17,9 +17,8 @@ import contextvars
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np

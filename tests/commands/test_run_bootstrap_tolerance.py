@@ -56,8 +56,8 @@ def _huge(tmp_path, x, monkeypatch):
 
 
 def test_the_tolerance_of_a_manifest_that_bootstraps_is_the_parameters_bound_and_not_enforced(programs):
-    from polyfhe.program.noise import FALLBACK_SHARE, error_tolerance, tolerance_for
     from polyfhe.program.ckks_program import load_program
+    from polyfhe.program.noise import FALLBACK_SHARE, error_tolerance, tolerance_for
 
     leveled, boot, _ = programs
     lev, bst = load_program(leveled), load_program(boot)

@@ -9,10 +9,10 @@ from ckks_testlib import digits, digits_mlp
 from polyfhe.engines.lattigo.engine import check_security
 from polyfhe.engines.lattigo.format import bsgs_rotations, galois_element, parse_container
 from polyfhe.exporters.ckks import CKKSExportError, export_ckks
+from polyfhe.program.ckks_program import load_program
 from polyfhe.program.engines import BACKEND_NAMES, get_backend
 from polyfhe.program.params import CKKSParams, ParameterError
 from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, WireError, pack, unpack
-from polyfhe.program.ckks_program import load_program
 
 pytestmark = pytest.mark.fhe
 

@@ -13,8 +13,8 @@ import pytest
 
 from polyfhe.program.engine_api import Backend, BackendUnavailable, CostTraits, EngineFacts, ProgramFormat
 from polyfhe.program.engines import (
-    BACKEND_NAMES,
     _PROCESS_START,
+    BACKEND_NAMES,
     engine_facts,
     engine_names,
     get_backend,
@@ -24,6 +24,9 @@ from polyfhe.program.engines import (
     manifest_from_dict,
     program_engine,
     resolve,
+)
+from polyfhe.program.engines import (
+    ENGINES as REGISTRY,
 )
 from polyfhe.program.errors import ProgramError
 
@@ -83,6 +86,7 @@ def test_registry_lists_every_engine_folder_once():
 def test_facts_have_their_named_parts(engine):
     facts = engine_facts(engine)
     assert isinstance(facts, EngineFacts) and facts.name == engine and facts.scheme
+    assert REGISTRY[engine][1] == facts.scheme  # the registry line's scheme agrees with the folder's facts
     fmt = facts.program_format
     assert isinstance(fmt, ProgramFormat) and fmt.format
     for reference in (fmt.load, fmt.manifest, fmt.serve or fmt.load):

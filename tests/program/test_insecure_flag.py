@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from polyfhe.cli import main
-from polyfhe.program.params import CKKSParams, InsecureParametersError, require_secure
 from polyfhe.program.ckks_program import load_program
+from polyfhe.program.params import CKKSParams, InsecureParametersError, require_secure
 
 pytestmark = pytest.mark.fhe
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from polyfhe.program.ckks_program import load_program
 from polyfhe.program.manifest import ProgramError, ProgramManifest, compute_program_id
 from polyfhe.program.steps import BootstrapAttrs, LinearAttrs, MatMulAttrs, Step, Term
-from polyfhe.program.ckks_program import load_program
 
 DATA = Path(__file__).parent / "data"
 FIXTURES = ["legacy_program", "legacy_batch_program"]

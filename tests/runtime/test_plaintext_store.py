@@ -16,8 +16,8 @@ from torch import nn
 import polyfhe
 from polyfhe.cli import main
 from polyfhe.engines.seal.ops import naf_terms, rotation_key_switches
-from polyfhe.runtime.plaintexts import PlaintextKey, PlaintextStore, plaintext_cost, store_with_budget
 from polyfhe.program.ckks_program import CKKSProgram
+from polyfhe.runtime.plaintexts import PlaintextKey, PlaintextStore, plaintext_cost, store_with_budget
 
 
 @dataclasses.dataclass

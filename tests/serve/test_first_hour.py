@@ -10,8 +10,8 @@ import pytest
 from serve_testlib import TINY, free_port
 
 from polyfhe.cli import main
-from polyfhe.program.manifest import ProgramError
 from polyfhe.program.ckks_program import load_program
+from polyfhe.program.manifest import ProgramError
 from polyfhe.serve.http_client import ServeClient, ServeError
 
 pytestmark = pytest.mark.fhe

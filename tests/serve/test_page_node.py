@@ -18,8 +18,8 @@ from polyfhe.engines.seal.context import SealContext
 from polyfhe.engines.seal.dialect import to_version
 from polyfhe.engines.seal.server import CKKSServer
 from polyfhe.program.boundary import pack_result
-from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, unpack
 from polyfhe.program.slot_layout import pack_single
+from polyfhe.program.wire import KIND_CIPHERTEXT, KIND_CONTEXT, unpack
 from polyfhe.serve.clientspec import client_spec
 from polyfhe.serve.registry import Model
 

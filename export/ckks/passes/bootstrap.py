@@ -24,9 +24,9 @@ from polyfhe.exporters.ckks.pack import PackRules, by_level, mask_producers, ret
 from polyfhe.exporters.ckks.passes import Pass
 from polyfhe.exporters.ckks.passes.ranges import calibration_samples
 from polyfhe.exporters.ckks.state import CKKSExportError, CompileState
+from polyfhe.program.ckks_program import CKKSProgram
 from polyfhe.program.engine_api import BootstrapModel
 from polyfhe.program.manifest import ProgramManifest
-from polyfhe.program.ckks_program import CKKSProgram
 
 __all__ = ["BOOTSTRAP_CALIBRATION_SAMPLES", "PASS", "bootstrap_price", "program_manifest"]
 

@@ -14,9 +14,9 @@ from polyfhe.exporters.ckks.passes import Pass
 from polyfhe.exporters.ckks.passes.bootstrap import program_manifest
 from polyfhe.exporters.ckks.passes.ranges import calibration_samples
 from polyfhe.exporters.ckks.state import BootstrapInstead, CKKSExportError, CompileState
+from polyfhe.program.ckks_program import CKKSProgram
 from polyfhe.program.engines import KeySetTooLarge
 from polyfhe.program.params import ParameterError
-from polyfhe.program.ckks_program import CKKSProgram
 
 __all__ = ["PASS", "manifest_info"]
 

@@ -63,6 +63,7 @@ from polyfhe.program.boundary import (
 )
 from polyfhe.program.engine_api import Backend, BackendUnavailable, CostTraits, KeySetTooLarge
 from polyfhe.program.params import MAX_BITS_128, ParameterError, estimated_sizes
+from polyfhe.program.slot_layout import pack_single, unpack_single
 from polyfhe.program.wire import (
     KIND_CIPHERTEXT,
     KIND_CONTEXT,
@@ -73,7 +74,6 @@ from polyfhe.program.wire import (
     pack,
     unpack,
 )
-from polyfhe.program.slot_layout import pack_single, unpack_single
 
 __all__ = ["BACKEND", "LattigoClient", "LattigoServer", "key_set_bytes", "lattigo_primes", "lower",
            "max_context_bytes", "modulus_bits", "planned_counts"]

@@ -20,6 +20,7 @@ from polyfhe.program.boundary import (
     split_queries,
 )
 from polyfhe.program.manifest import ProgramManifest
+from polyfhe.program.slot_layout import pack_single, unpack_single
 from polyfhe.program.wire import (
     KIND_CIPHERTEXT,
     KIND_CONTEXT,
@@ -28,7 +29,6 @@ from polyfhe.program.wire import (
     pack,
     unpack,
 )
-from polyfhe.program.slot_layout import pack_single, unpack_single
 
 __all__ = ["CKKSClient"]
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyfhe.engines.seal.context import SealContext
+from polyfhe.program.ckks_program import CKKSProgram
 from polyfhe.runtime.execute import execute
 from polyfhe.runtime.plaintexts import PlaintextKey, PlaintextStore
-from polyfhe.program.ckks_program import CKKSProgram
 
 __all__ = ["ScaleOps", "WarmStats", "warm_plaintexts"]
 

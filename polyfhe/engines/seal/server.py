@@ -25,10 +25,10 @@ from polyfhe.program.boundary import (
     open_query,
     pack_result,
 )
+from polyfhe.program.ckks_program import CKKSProgram
 from polyfhe.program.wire import KIND_CONTEXT, WireError, unpack
 from polyfhe.runtime.execute import execute
 from polyfhe.runtime.plaintexts import PlaintextStore
-from polyfhe.program.ckks_program import CKKSProgram
 
 __all__ = ["CKKSServer"]
 

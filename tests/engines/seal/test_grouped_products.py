@@ -14,8 +14,8 @@ from torch import nn
 
 import polyfhe
 from polyfhe.engines.seal.ops import SealOps
-from polyfhe.runtime import execute as ex
 from polyfhe.program.ckks_program import CKKSProgram
+from polyfhe.runtime import execute as ex
 
 pytestmark = pytest.mark.fhe
 

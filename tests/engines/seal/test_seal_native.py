@@ -38,9 +38,9 @@ from polyfhe.engines.seal.native import (
     self_test,
 )
 from polyfhe.engines.seal.ops import SealOps
+from polyfhe.program.ckks_program import CKKSProgram
 from polyfhe.program.params import CKKSParams
 from polyfhe.runtime.plaintexts import PlaintextKey
-from polyfhe.program.ckks_program import CKKSProgram
 
 pytestmark = pytest.mark.fhe
 

@@ -50,8 +50,8 @@ from polyfhe.exporters.ckks.bootstrap import (
 from polyfhe.program.bootstrapping import BootstrapSpec
 from polyfhe.program.manifest import Step
 from polyfhe.program.params import MAX_BITS_128, CKKSParams, ParameterError
-from polyfhe.program.steps import Diagonals, LinearAttrs, Term
 from polyfhe.program.slot_layout import pack_single
+from polyfhe.program.steps import Diagonals, LinearAttrs, Term
 from polyfhe.runtime.execute import run_plain
 
 LATTIGO = importlib.util.find_spec("lattigo") is not None

@@ -14,9 +14,9 @@ from ckks_testlib import digits, digits_mlp, square_cnn
 from onnx import TensorProto, helper, numpy_helper
 
 from polyfhe.exporters.ckks import CKKSExportError, export_ckks
+from polyfhe.program.ckks_program import load_program
 from polyfhe.program.manifest import ProgramError
 from polyfhe.program.params import CKKSParams, ParameterError, choose_params, validate
-from polyfhe.program.ckks_program import load_program
 
 
 def _torch_out(model, x):

@@ -18,9 +18,9 @@ from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, MulNode
 from polyfhe.exporters.ckks.counters import naf_weight
 from polyfhe.exporters.ckks.opmatrix import conv_matrix
 from polyfhe.exporters.ckks.plan import plan_single
+from polyfhe.program.ckks_program import CKKSProgram
 from polyfhe.program.manifest import ProgramManifest
 from polyfhe.program.params import CKKSParams
-from polyfhe.program.ckks_program import CKKSProgram
 from polyfhe.program.slot_layout import pack_single, unpack_single
 from polyfhe.runtime.execute import NumpyOps, execute
 
