@@ -57,14 +57,22 @@ def _nn():
     return torch, nn
 
 
+def _toys() -> Any:
+    """bench/toy_models.py, the small models these cases share with the tests (loaded by path: this file is also
+    imported by path, and torch only when a case runs)."""
+    import importlib.util
+
+    name = "polyfhe_bench_toy_models"  # the name tests/testlib/ckks_testlib.py loads it under
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("toy_models.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def _square():
-    _, nn = _nn()
-
-    class Square(nn.Module):
-        def forward(self, x):
-            return x * x
-
-    return Square()
+    return _toys().Square()
 
 
 def _digits(n: int = 64) -> np.ndarray:
@@ -117,43 +125,14 @@ def _zoo(name: str, x: np.ndarray, **overrides):
 
 def _linear_attention(tokens: int = 24, width: int = 8, offset: float = 0.2):
     """(D Q K^T + c) V: two ct x ct MatMuls the compiler reassociates to Q (K^T V) and prices per algorithm."""
-    torch, nn = _seeded()
-
-    class LinearAttention(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.q, self.k, self.v = (nn.Linear(width, width, bias=False) for _ in range(3))
-            self.o = nn.Linear(width, width)
-            self.register_buffer("row_scale", torch.linspace(0.5, 1.5, tokens).reshape(tokens, 1))
-
-        def forward(self, x):
-            a = (self.q(x) @ self.k(x).transpose(-2, -1)) * self.row_scale / tokens + offset
-            return self.o(a @ self.v(x))
-
-    return LinearAttention().eval()
+    _seeded()
+    return _toys().LinearAttention(tokens, width, offset).eval()
 
 
 def _stem_net(width: int = 64):
     """A 7x7 stride-4 stem on 16x16 (overlapping windows: the input is replicated), a gated depthwise branch."""
-    _, nn = _seeded()
-
-    class StemNet(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.stem = nn.Conv2d(1, width, 7, stride=4, padding=2)
-            self.bn = nn.BatchNorm2d(width)
-            self.spatial = nn.Sequential(nn.Conv2d(width, width, 3, padding=2, dilation=2, groups=width),
-                                         nn.Conv2d(width, width, 1))
-            self.gate = nn.Conv2d(width, width, 1)
-            self.proj = nn.Conv2d(width, width, 1)
-            self.head = nn.Linear(width, 5)
-
-        def forward(self, x):
-            x = self.bn(self.stem(x))
-            x = x + self.proj(self.spatial(x) * self.gate(x))
-            return self.head(x.mean(dim=(2, 3)))
-
-    return StemNet().eval()
+    _seeded()
+    return _toys().StemNet(width).eval()
 
 
 def _consolidation(width: int = 32):
@@ -181,55 +160,14 @@ def _consolidation(width: int = 32):
 
 def _shift_blocks(blocks: int = 2, width: int = 16):
     """MONet-style blocks ``x + C(shift(U1 x) * U3(shift(U2 x)))`` with a slice-and-concat spatial shift."""
-    torch, nn = _seeded()
-
-    def shift(x):
-        g = x.shape[-1] // 4
-        a, b, c, d = x[..., :g], x[..., g:2 * g], x[..., 2 * g:3 * g], x[..., 3 * g:]
-        a = torch.cat([a[:, :1], a[:, :-1]], 1)
-        b = torch.cat([b[:, 1:], b[:, -1:]], 1)
-        c = torch.cat([c[:, :, :1], c[:, :, :-1]], 2)
-        d = torch.cat([d[:, :, 1:], d[:, :, -1:]], 2)
-        return torch.cat([a, b, c, d], -1)
-
-    class ShiftBlocks(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Conv2d(1, width, 2, stride=2)
-            self.u1 = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
-            self.u2 = nn.ModuleList(nn.Linear(width, width // 4) for _ in range(blocks))
-            self.u3 = nn.ModuleList(nn.Linear(width // 4, width) for _ in range(blocks))
-            self.c = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
-            self.head = nn.Linear(width * 16, 10)
-
-        def forward(self, x):
-            x = self.embed(x).permute(0, 2, 3, 1)
-            for u1, u2, u3, c in zip(self.u1, self.u2, self.u3, self.c, strict=True):
-                x = x + 0.2 * c(shift(u1(x)) * u3(shift(u2(x))))
-            return self.head(x.flatten(1))
-
-    return ShiftBlocks().eval()
+    _seeded()
+    return _toys().ShiftBlocks(blocks, width).eval()
 
 
 def _deep_residual(width: int = 32):
     """64 -> 32, three residual square blocks, -> 10: 8 levels, skip registers live across the bootstraps."""
-    _, nn = _seeded()
-
-    class DeepResidual(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.stem = nn.Linear(64, width)
-            self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(3))
-            self.head = nn.Linear(width, 10)
-            self.square = _square()
-
-        def forward(self, x):
-            h = self.stem(x.flatten(1))
-            for block in self.blocks:
-                h = h + 0.25 * self.square(block(h))
-            return self.head(h)
-
-    return DeepResidual().eval()
+    _seeded()
+    return _toys().DeepResidual(width).eval()
 
 
 def _small_ring() -> Any:

@@ -26,6 +26,8 @@ def _load_toys():
 
 _toys = _load_toys()
 Square, Cube, digits, train = _toys.Square, _toys.Cube, _toys.digits, _toys.train
+StemNet, DeepResidual, ShiftBlocks = _toys.StemNet, _toys.DeepResidual, _toys.ShiftBlocks
+LinearAttention = _toys.LinearAttention
 
 
 def encrypted_and_plain(model: nn.Module, x: np.ndarray, min_samples: int = 16, backend: str = "seal",

@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from ckks_testlib import Square, digits, train
+from ckks_testlib import DeepResidual, Square, digits, train
 from sympy import isprime as sympy_isprime
 from torch import nn
 
@@ -59,23 +59,6 @@ LATTIGO = importlib.util.find_spec("lattigo") is not None
 SMALL_RING = CKKSParams(4096, (60, 40, 40, 40, 60), 40, security="none")
 # the default bootstrapping budget of CI's machine: 75% of its 24 GiB (``machine_memory_budget``)
 CI_MACHINE_BUDGET = int(0.75 * 24 * 2**30)
-
-
-class DeepResidual(nn.Module):
-    """64 -> 32, three residual square blocks, -> 10: 8 levels, with skip registers live across the cuts."""
-
-    def __init__(self, width: int = 32) -> None:
-        super().__init__()
-        self.stem = nn.Linear(64, width)
-        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(3))
-        self.head = nn.Linear(width, 10)
-        self.square = Square()
-
-    def forward(self, x):
-        h = self.stem(x.flatten(1))
-        for block in self.blocks:
-            h = h + 0.25 * self.square(block(h))
-        return self.head(h)
 
 
 @pytest.fixture(scope="module")

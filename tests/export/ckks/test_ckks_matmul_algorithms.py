@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from ckks_testlib import LinearAttention
 
 from polyfhe.exporters.ckks.circuit import Circuit, LinearNode, MatMulNode, MulNode
 from polyfhe.exporters.ckks.matmul import ALGORITHMS, expand_matmuls
@@ -93,21 +94,9 @@ def test_the_cost_model_choice_is_recorded_and_exact(heads, m, k, n):
 
 def _linear_attention(tokens: int, width: int, offset: float):
     import torch
-    from torch import nn
-
-    class LinearAttention(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.q, self.k, self.v = (nn.Linear(width, width, bias=False) for _ in range(3))
-            self.o = nn.Linear(width, width)
-            self.register_buffer("row_scale", torch.linspace(0.5, 1.5, tokens).reshape(tokens, 1))
-
-        def forward(self, x):
-            a = (self.q(x) @ self.k(x).transpose(-2, -1)) * self.row_scale / tokens + offset
-            return self.o(a @ self.v(x))
 
     torch.manual_seed(0)
-    return LinearAttention().eval(), RNG.normal(size=(8, tokens, width))
+    return LinearAttention(tokens, width, offset).eval(), RNG.normal(size=(8, tokens, width))
 
 
 @pytest.mark.parametrize("offset", [0.0, 0.3])

@@ -7,38 +7,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from ckks_testlib import digits
+from ckks_testlib import ShiftBlocks, digits
 from torch import nn
 
 from polyfhe.engines.lattigo.servermem import server_peak_bytes
 from polyfhe.exporters.ckks import CKKSExportError, export_ckks, to_onnx_model
 from polyfhe.exporters.ckks.lower import lower_onnx, shift_sites
-from polyfhe.models.layers.shift import spatial_shift
 from polyfhe.program.params import CKKSParams
 from polyfhe.runtime.execute import run_plain
 
 # 3 levels between bootstraps, on its own ring; INSECURE on purpose (240 bits at N=4096, whose 128-bit bound is 109)
 SMALL_RING = CKKSParams(4096, (60, 40, 40, 40, 60), 40, security="none")
-
-
-class ShiftBlocks(nn.Module):
-    """Plain torch, MONet-style: a 2x2 patch embedding to 4x4 tokens of 16 channels, then Mu-Layer-like blocks
-    ``x + C(shift(U1 x) * U3(shift(U2 x)))`` with the slice-and-concat spatial shift, then a linear head."""
-
-    def __init__(self, blocks: int = 2, width: int = 16) -> None:
-        super().__init__()
-        self.embed = nn.Conv2d(1, width, 2, stride=2)
-        self.u1 = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
-        self.u2 = nn.ModuleList(nn.Linear(width, width // 4) for _ in range(blocks))
-        self.u3 = nn.ModuleList(nn.Linear(width // 4, width) for _ in range(blocks))
-        self.c = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
-        self.head = nn.Linear(width * 16, 10)
-
-    def forward(self, x):
-        x = self.embed(x).permute(0, 2, 3, 1)  # channels last: (B, H, W, C)
-        for u1, u2, u3, c in zip(self.u1, self.u2, self.u3, self.c, strict=True):
-            x = x + 0.2 * c(spatial_shift(u1(x)) * u3(spatial_shift(u2(x))))
-        return self.head(x.flatten(1))
 
 
 class ChannelReorder(nn.Module):

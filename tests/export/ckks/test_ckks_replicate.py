@@ -5,32 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from ckks_testlib import StemNet
 from torch import nn
 
 import polyfhe
 from polyfhe.engines.lattigo.format import lower_program, run_container_plain
 from polyfhe.program.manifest import ProgramError, ProgramManifest
 from polyfhe.program.slot_layout import pack_single, unpack_single
-
-
-class StemNet(nn.Module):
-    """Written as users write a CPolyNeXt-like net: a 7x7 stride-4 stem, a dilated depthwise branch times a
-    pointwise one, a residual, average pooling and a linear head."""
-
-    def __init__(self, width: int = 64, kernel: int = 7, stride: int = 4) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(1, width, kernel, stride=stride, padding=(kernel - stride + 1) // 2)
-        self.bn = nn.BatchNorm2d(width)
-        self.spatial = nn.Sequential(nn.Conv2d(width, width, 3, padding=2, dilation=2, groups=width),
-                                     nn.Conv2d(width, width, 1))
-        self.gate = nn.Conv2d(width, width, 1)
-        self.proj = nn.Conv2d(width, width, 1)
-        self.head = nn.Linear(width, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.bn(self.stem(x))
-        x = x + self.proj(self.spatial(x) * self.gate(x))
-        return self.head(x.mean(dim=(2, 3)))
 
 
 def _model(seed: int = 0, **kwargs) -> nn.Module:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-import polyfhe.exporters.ckks as ckks
+from polyfhe.exporters import ckks
 from polyfhe.exporters.ckks import pipeline
 
 
