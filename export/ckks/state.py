@@ -17,6 +17,7 @@ from polyfhe.exporters.ckks.circuit import Circuit
 from polyfhe.exporters.ckks.plan import Plan
 from polyfhe.exporters.ckks.samples import CalibrationDataError, calibration_array
 from polyfhe.program.bootstrapping import BootstrapSpec
+from polyfhe.program.budgets import BATCH_MEMORY_BUDGET, GALOIS_KEY_BUDGET
 from polyfhe.program.engine_api import Backend, BootstrapModel
 from polyfhe.program.engines import DEFAULT_BACKEND, BackendUnavailable, get_backend
 from polyfhe.program.machine import machine_memory_budget
@@ -27,8 +28,6 @@ __all__ = ["BATCH_MEMORY_BUDGET", "BOOTSTRAP_MODES", "GALOIS_KEY_BUDGET", "Boots
            "CKKSExportError", "CompileOptions", "CompileState", "Retry", "SpendForMemory", "UnpackForMemory",
            "ValueRanges"]
 
-BATCH_MEMORY_BUDGET = 8 << 30  # bytes of live ciphertexts the batch layout may plan for
-GALOIS_KEY_BUDGET = 3 << 30  # bytes of Galois keys in a public context (beyond it, rotations are chains of keys)
 BOOTSTRAP_MODES = ("auto", "off")
 
 

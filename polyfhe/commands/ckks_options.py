@@ -6,14 +6,11 @@ import argparse
 from typing import Any
 
 from polyfhe.commands.arguments import non_negative_float, positive_int, power_of_two
+from polyfhe.program.budgets import BATCH_MEMORY_BUDGET, GALOIS_KEY_BUDGET
 
 __all__ = ["add_ckks_parameter_arguments", "ckks_parameter_options"]
 
 MIB = 1 << 20
-# export_ckks's default budgets (polyfhe.exporters.ckks.state), here so that the parser does not import the compiler
-# (numpy, onnx, torch); tests/commands/test_cli_startup.py holds them equal
-BATCH_MEMORY_BUDGET = 8 << 30
-GALOIS_KEY_BUDGET = 3 << 30
 
 
 def add_ckks_parameter_arguments(p: argparse.ArgumentParser) -> None:
