@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ __all__ = [
     "new_plaintext_store",
     "plain_executor",
     "prepare_process",
+    "process_starts",
     "program_engine",
     "public_context_bytes",
     "resolve",
@@ -67,26 +67,11 @@ _LOADED: dict[str, Backend] = {}
 _FACTS: dict[str, EngineFacts] = {}
 
 
-class _ProcessStarts(Mapping):
-    """name -> (module, function) a command-line entry point runs before any engine loads: settings an engine's
-    native libraries read only when the process starts (Lattigo: Go's collector); from each engine's facts, read
-    when first asked for (a command that loads no engine never reads them)."""
-
-    def _table(self) -> dict[str, tuple[str, str]]:
-        return {name: tuple(engine_facts(name).process_start.split(":", 1)) for name in ENGINES
-                if engine_facts(name).process_start}
-
-    def __getitem__(self, name: str) -> tuple[str, str]:
-        return self._table()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._table())
-
-    def __len__(self) -> int:
-        return len(self._table())
-
-
-_PROCESS_START = _ProcessStarts()
+def process_starts() -> dict[str, str]:
+    """name -> ``"module:function"`` a command-line entry point runs before any engine loads: settings an engine's
+    native libraries read only when the process starts (Lattigo: Go's collector); read from the engines' facts when
+    asked (a command that loads no engine never reads them)."""
+    return {name: engine_facts(name).process_start for name in ENGINES if engine_facts(name).process_start}
 
 
 def resolve(reference: str) -> Any:
@@ -154,8 +139,8 @@ def bootstrapping_engines() -> list[str]:
 
 def prepare_process() -> None:
     """Each engine's process-start step (it may restart the process with settings added, once)."""
-    for module_name, function in _PROCESS_START.values():
-        getattr(importlib.import_module(module_name), function)()
+    for start in process_starts().values():
+        resolve(start)()
 
 
 def client_for(manifest, **kwargs):

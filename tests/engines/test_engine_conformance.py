@@ -13,7 +13,6 @@ import pytest
 
 from polyfhe.program.engine_api import Backend, BackendUnavailable, CostTraits, EngineFacts, ProgramFormat
 from polyfhe.program.engines import (
-    _PROCESS_START,
     BACKEND_NAMES,
     engine_facts,
     engine_names,
@@ -22,6 +21,7 @@ from polyfhe.program.engines import (
     load_other_format,
     load_served_program,
     manifest_from_dict,
+    process_starts,
     program_engine,
     resolve,
 )
@@ -102,11 +102,10 @@ def test_facts_have_their_named_parts(engine):
 def test_process_start_is_callable_and_in_the_table_prepare_process_runs(engine):
     facts = engine_facts(engine)
     if not facts.process_start:
-        assert engine not in _PROCESS_START
+        assert engine not in process_starts()
         return
     assert callable(resolve(facts.process_start))  # not called: it may restart this process
-    module_name, function = _PROCESS_START[engine]
-    assert f"{module_name}:{function}" == facts.process_start
+    assert process_starts()[engine] == facts.process_start
 
 
 @pytest.mark.parametrize("engine", ENGINES)
