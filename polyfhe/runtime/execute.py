@@ -80,6 +80,9 @@ class OptionalSlotOps(Protocol):
     def decompose(self, ct: Any) -> Any | None: ...  # ct decomposed for several hoisted rotations (None: declined)
     def rotate_decomposed(self, decomposition: Any, step: int) -> Any: ...  # a decomposed ct rotated by step
     def bootstrap(self, ct: Any, attrs: BootstrapAttrs) -> Any: ...  # a fresh ciphertext of the same values
+    # an all-zero row of the batch layout, at a product's level and scale, from one of its inputs (without it: that
+    # input times ZERO_ROW_WEIGHT, since SEAL refuses a product by 0)
+    def zero_row(self, ct: Any) -> Any: ...
 
 
 OPTIONAL_OPS = frozenset(name for name in OptionalSlotOps.__dict__ if not name.startswith("_"))
@@ -412,7 +415,8 @@ def _batch_linear(step: Step, regs: dict, ops: SlotOps, arrays: dict, run: RunCo
                 acc = ops.add(acc, ops.mul_scalar(src[indices[p]], float(data[p])))
         if acc is None:  # an all-zero row: SEAL refuses a product by 0 (a transparent ciphertext), so take
             # an input times ZERO_ROW_WEIGHT: the row is off by at most 1e-9 x that input, far below CKKS noise
-            acc = ops.mul_scalar(terms[0][0][0], ZERO_ROW_WEIGHT)
+            zero_row = optional_op(ops, "zero_row")
+            acc = zero_row(terms[0][0][0]) if zero_row else ops.mul_scalar(terms[0][0][0], ZERO_ROW_WEIGHT)
         if bias is not None and bias[i] != 0.0:
             acc = ops.add_scalar(acc, float(bias[i]))
         return ops.rescale(acc)
