@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from polyfhe import EXPORT_TARGETS
 from polyfhe.commands.arguments import (
     add_threads_argument,
     apply_threads,
@@ -48,7 +49,7 @@ def add_parser(subparsers: Any) -> None:
                               help="export a zoo model, checkpoint or ONNX file to ONNX or a CKKS program",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL_OR_ONNX", help="zoo name, checkpoint folder or .onnx file")
-    p.add_argument("--target", choices=("onnx", "ckks", "concrete"), default="ckks",
+    p.add_argument("--target", choices=tuple(EXPORT_TARGETS), default="ckks",
                    help="what to produce (default ckks; concrete: a Concrete ML TFHE program, needs "
                         "`polyfhe setup concrete` once)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
@@ -126,13 +127,7 @@ def run(args: argparse.Namespace) -> int:
             recompute_from_array(model, calibration)
             console.print(f"[yellow]warning:[/] {name} is an untrained zoo model: its predictions are chance "
                           "level (train it with `polyfhe train` and pass the checkpoint folder)")
-        if args.target == "onnx":
-            return _export_onnx(console, model, name, shape, args.out)
-        if args.target == "concrete":
-            from polyfhe.commands.export_concrete import export_concrete_program
-
-            return export_concrete_program(console, model, name, shape, calibration, args)
-        return _export_ckks(console, model, name, shape, calibration, args)
+        return _TARGET_RUNS[args.target](console, model, name, shape, calibration, args)
     except ExportInputError as exc:
         return _fail(str(exc), EXIT_BAD_INPUT)
     except (CKKSExportError, ConcreteExportError, ConcreteEnvMissing) as exc:
@@ -430,3 +425,17 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def _export_concrete(console: Any, model: Any, name: str, shape: tuple[int, ...] | None, calibration: Any,
+                     args: argparse.Namespace) -> int:
+    from polyfhe.commands.export_concrete import export_concrete_program
+
+    return export_concrete_program(console, model, name, shape, calibration, args)
+
+
+# --target -> what the command does for it (polyfhe.EXPORT_TARGETS names the targets)
+_TARGET_RUNS: dict[str, Any] = {
+    "onnx": lambda console, model, name, shape, calibration, args: _export_onnx(console, model, name, shape,
+                                                                                args.out),
+    "ckks": _export_ckks,
+    "concrete": _export_concrete,
+}

@@ -40,7 +40,7 @@ def encrypted_run_concrete(program: Any, x: np.ndarray) -> dict:
     plain = session.run(None, {session.get_inputs()[0].name: x.astype(np.float32)})[0].reshape(len(x), -1)
     n = len(x)
     return {
-        "program_id": program.program_id, "scheme": "concrete", "layout": "single",
+        "program_id": program.program_id, "scheme": program.scheme, "layout": "single",
         "params": f"TFHE, n_bits={program.manifest.n_bits}, {program.manifest.quantization}", "samples": n,
         "classes": logits.argmax(axis=1).tolist(), "plain_classes": plain.argmax(axis=1).tolist(),
         "logits": logits.tolist(), "max_abs_error": float(np.abs(logits - plain).max()),

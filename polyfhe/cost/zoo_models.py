@@ -22,7 +22,7 @@ import numpy as np
 
 from polyfhe.cost.model import CostPrediction, calibrated_costs, predict
 from polyfhe.cost.workload import TracedModel, program_workload, trace_model, traced_workload
-from polyfhe.program.engines import bootstrapping_engines, get_backend
+from polyfhe.program.engines import DEFAULT_BACKEND, bootstrapping_engines, get_backend
 from polyfhe.program.params import RING_SIZES, CKKSParams, ParameterError, choose_params
 
 __all__ = [
@@ -219,7 +219,7 @@ def _compile_error_types() -> tuple[type[Exception], ...]:
     return CKKSExportError, LoweringError, ParameterError, MemoryError
 
 
-def model_cost(name: str, img_size: int | None = None, engine: str = "seal", *, method: str = "auto",
+def model_cost(name: str, img_size: int | None = None, engine: str = DEFAULT_BACKEND, *, method: str = "auto",
                machine_bytes: int | None = -1, raise_if_too_large: bool = False,
                progress: Progress | None = None) -> CostReport:
     """Predicted cost of zoo model ``name`` at ``img_size`` on ``engine`` (``machine_bytes`` -1: this machine's
@@ -271,7 +271,8 @@ def onnx_input_shape(path: str | Path) -> tuple[int, ...]:
     return tuple(int(d) for d in dims[1:])
 
 
-def onnx_cost(path: str | Path, engine: str = "seal", *, method: str = "auto", machine_bytes: int | None = -1,
+def onnx_cost(path: str | Path, engine: str = DEFAULT_BACKEND, *, method: str = "auto",
+              machine_bytes: int | None = -1,
               progress: Progress | None = None) -> CostReport:
     """Predicted cost of the ONNX model at ``path`` on ``engine``: checked by the degree analyzer, compiled here
     with random inputs in [0, 1] as calibration (operation counts do not depend on the data; the scale may),

@@ -14,6 +14,7 @@ import numpy as np
 
 from polyfhe.program.manifest import ProgramManifest
 from polyfhe.program.params import CKKSParams, ParameterError, fingerprint_params
+from polyfhe.program.program_formats import LEGACY_BACKEND
 from polyfhe.program.wire import (
     KIND_CIPHERTEXT,
     KIND_CONTEXT,
@@ -175,7 +176,7 @@ def _keys_for(program_id, fingerprint, params_full, backend) -> str:
 def check_key_identity(header: dict, manifest: ProgramManifest, what: str) -> None:
     """Refuse keys whose header names another program, parameter set or engine than ``manifest``: keys of
     another program would decrypt its results to noise instead of failing."""
-    found = (header.get("program_id"), header.get("params"), header.get("backend", "seal"))
+    found = (header.get("program_id"), header.get("params"), header.get("backend", LEGACY_BACKEND))
     expected = (manifest.program_id, fingerprint_params(manifest.params), manifest.backend)
     if found != expected:
         raise KeyMismatchError(f"{what} holds keys for {_keys_for(*found[:2], header.get('params_full'), found[2])}"

@@ -17,6 +17,7 @@ import numpy as np
 
 from polyfhe.program.errors import ProgramError
 from polyfhe.program.params import CKKSParams
+from polyfhe.program.program_formats import LEGACY_BACKEND
 from polyfhe.program.steps import Step
 
 __all__ = ["FORMAT", "ProgramError", "ProgramManifest", "Step", "compute_program_id"]
@@ -47,7 +48,7 @@ class ProgramManifest:
     input_gather: tuple[int, ...] = ()
     program_id: str = ""
     format: str = FORMAT
-    backend: str = "seal"  # the engine whose client makes its keys and whose server runs it
+    backend: str = LEGACY_BACKEND  # the engine whose client makes its keys and whose server runs it
     scheme: ClassVar[str] = "ckks"  # beside Concrete ML's programs (polyfhe.engines.concrete), which say "concrete"
 
     def to_dict(self) -> dict:
@@ -69,7 +70,7 @@ class ProgramManifest:
             raise ProgramError(f"unknown layout {d.get('layout')!r}; accepted: {list(LAYOUTS)}")
         from polyfhe.program.engines import BACKEND_NAMES
 
-        if d.get("backend", "seal") not in BACKEND_NAMES:
+        if d.get("backend", LEGACY_BACKEND) not in BACKEND_NAMES:
             raise ProgramError(f"unknown backend {d.get('backend')!r}; accepted: {list(BACKEND_NAMES)}")
         try:
             lanes = int(d.get("samples_per_ciphertext", 1))
@@ -92,7 +93,7 @@ class ProgramManifest:
                 info=dict(d.get("info", {})), program_id=str(d.get("program_id", "")),
                 input_slots=tuple(int(i) for i in d.get("input_slots", [])),
                 output_slots=tuple(int(i) for i in d.get("output_slots", [])), samples_per_ciphertext=lanes,
-                backend=str(d.get("backend", "seal")), input_gather=gather,
+                backend=str(d.get("backend", LEGACY_BACKEND)), input_gather=gather,
             )
         except ProgramError:
             raise

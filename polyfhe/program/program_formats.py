@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from polyfhe.program.engine_api import ProgramFormat
 
-__all__ = ["CKKS_FORMAT", "CKKS_PROGRAMS"]
+__all__ = ["CKKS_FORMAT", "CKKS_PROGRAMS", "LEGACY_BACKEND"]
 
 CKKS_FORMAT = "polyfhe-ckks/1"  # polyfhe.program.manifest.FORMAT
 LEGACY_BACKEND = "seal"  # what a manifest that names no engine was made for (manifests before Lattigo)
